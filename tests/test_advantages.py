@@ -1,0 +1,183 @@
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_seqchunk import boundary_gae
+
+
+def make_td(reward, value, next_value, done, terminated=None, truncated=None, is_first=None):
+    """A [*B, T] TensorDict from [*B, T] arrays (a trailing singleton is added)."""
+
+    def col(x, dtype):
+        return torch.as_tensor(np.asarray(x), dtype=dtype).unsqueeze(-1)
+
+    td = TensorDict(
+        {
+            "state_value": col(value, torch.float64),
+            ("next", "state_value"): col(next_value, torch.float64),
+            ("next", "reward"): col(reward, torch.float64),
+            ("next", "done"): col(done, torch.bool),
+        },
+        batch_size=np.asarray(reward).shape,
+    )
+    for key, flags in (("terminated", terminated), ("truncated", truncated)):
+        if flags is not None:
+            td["next", key] = col(flags, torch.bool)
+    if is_first is not None:
+        td["is_first"] = col(is_first, torch.bool)
+    return td
+
+
+def gae_loop(reward, value, next_value, terminated, stop, gamma, lmbda):
+    """Per-step reference on one row: recursion cut after every `stop` step."""
+    advantage = np.zeros(len(reward))
+    following = 0.0
+    for t in reversed(range(len(reward))):
+        if stop[t]:
+            following = 0.0
+        delta = reward[t] + gamma * (1.0 - terminated[t]) * next_value[t] - value[t]
+        following = advantage[t] = delta + gamma * lmbda * following
+    return advantage
+
+
+def test_truncation_bootstraps_from_final_observation():
+    td = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 1]], terminated=[[0, 0]], truncated=[[0, 1]])
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([[2.52, 1.80]], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        td["value_target"].squeeze(-1), torch.tensor([[3.52, 2.80]], dtype=torch.float64)
+    )
+
+
+def test_termination_zeroes_bootstrap():
+    td = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 1]], terminated=[[0, 1]], truncated=[[0, 0]])
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([[0.9, 0.0]], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        td["value_target"].squeeze(-1), torch.tensor([[1.9, 1.0]], dtype=torch.float64)
+    )
+
+
+def test_terminated_defaults_from_done_and_truncated():
+    # without a terminated entry, a truncated step still bootstraps (done & ~truncated)
+    td = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 1]], truncated=[[0, 1]])
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([[2.52, 1.80]], dtype=torch.float64)
+    )
+
+
+def test_chunk_end_bootstraps_from_next_value():
+    # not done at the last step: a chunk end, bootstrapped like a truncation
+    td = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 0]])
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([[2.52, 1.80]], dtype=torch.float64)
+    )
+
+
+def test_done_inside_a_row_equals_gae_per_episode():
+    gen = torch.Generator().manual_seed(1)
+    lengths = [3, 5, 4]
+    reward, value, next_value = torch.randn(3, 12, generator=gen, dtype=torch.float64)
+    ends = np.cumsum(lengths) - 1
+    done = np.isin(np.arange(12), ends)
+    terminated = np.isin(np.arange(12), ends[:1])  # episode 0 terminates, 1 truncates, 2 cut
+    row = make_td([reward], [value], [next_value], [done], terminated=[terminated])
+    boundary_gae(row, gamma=0.97, lmbda=0.9)
+    start = 0
+    for length in lengths:
+        sl = slice(start, start + length)
+        episode = make_td(
+            [reward[sl]], [value[sl]], [next_value[sl]], [done[sl]], terminated=[terminated[sl]]
+        )
+        boundary_gae(episode, gamma=0.97, lmbda=0.9)
+        torch.testing.assert_close(row["advantage"][:, sl], episode["advantage"])
+        torch.testing.assert_close(row["value_target"][:, sl], episode["value_target"])
+        start += length
+
+
+def test_is_first_alone_ends_the_previous_episode():
+    # a stream chunk whose stale episode rest was dropped: step 1 starts an episode
+    # although step 0 is not done; step 0 then bootstraps from its own next value
+    td = make_td([[1, 1, 1]], [[1, 1, 1]], [[3, 1, 1]], [[0, 0, 1]], is_first=[[1, 1, 0]])
+    boundary_gae(td, gamma=0.5, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([[1.5, 0.5, 0.0]], dtype=torch.float64)
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("batch", [(5,), (2, 3)])
+def test_random_boundaries_match_per_step_loop(seed, batch):
+    rng = np.random.default_rng(seed)
+    steps = int(rng.integers(1, 40))
+    gamma = float(rng.uniform(0.5, 1.0))
+    lmbda = [0.0, 1.0, float(rng.uniform(0.5, 1.0))][seed % 3]
+    shape = (*batch, steps)
+    reward, value, next_value = rng.normal(size=(3, *shape))
+    terminated = rng.random(shape) < 0.1
+    truncated = (rng.random(shape) < 0.1) & ~terminated
+    done = terminated | truncated
+    is_first = rng.random(shape) < 0.05
+    td = make_td(reward, value, next_value, done, terminated, truncated, is_first)
+    boundary_gae(td, gamma=gamma, lmbda=lmbda)
+
+    stop = done.copy()
+    stop[..., :-1] |= is_first[..., 1:]
+    expected = np.stack(
+        [
+            gae_loop(*(x.reshape(-1, steps)[i] for x in (reward, value, next_value, terminated, stop)),
+                     gamma, lmbda)
+            for i in range(int(np.prod(batch)))
+        ]
+    ).reshape(shape)
+    np.testing.assert_allclose(td["advantage"].squeeze(-1).numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(td["value_target"].squeeze(-1).numpy(), expected + value, atol=1e-6)
+
+
+def test_custom_keys():
+    td = TensorDict(
+        {
+            ("critic", "v"): torch.ones(1, 2, 1),
+            ("boot", "v"): torch.tensor([[[1.0], [2.0]]]),
+            ("next", "r"): torch.ones(1, 2, 1),
+            ("next", "d"): torch.tensor([[[False], [True]]]),
+            ("next", "term"): torch.tensor([[[False], [True]]]),
+        },
+        batch_size=[1, 2],
+    )
+    boundary_gae(
+        td, gamma=0.9, lmbda=1.0, value_key=("critic", "v"), next_value_key=("boot", "v"),
+        reward_key=("next", "r"), done_key=("next", "d"), terminated_key=("next", "term"),
+        advantage_key=("out", "adv"), value_target_key=("out", "ret"),
+    )
+    torch.testing.assert_close(td["out", "adv"].squeeze(-1), torch.tensor([[0.9, 0.0]]))
+    torch.testing.assert_close(td["out", "ret"].squeeze(-1), torch.tensor([[1.9, 1.0]]))
+
+
+def test_bad_input():
+    good = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 1]])
+    with pytest.raises(ValueError, match=r"next_value_key=\('next', 'state_value'\)"):
+        boundary_gae(good.exclude(("next", "state_value")), gamma=0.9, lmbda=0.9)
+    with pytest.raises(ValueError, match="gamma must lie in"):
+        boundary_gae(good.clone(), gamma=1.5, lmbda=0.9)
+    with pytest.raises(TypeError, match="lmbda must be a float"):
+        boundary_gae(good.clone(), gamma=0.9, lmbda="0.9")
+    bad_dtype = good.clone()
+    bad_dtype["next", "done"] = bad_dtype["next", "done"].float()
+    with pytest.raises(TypeError, match=r"done_key=\('next', 'done'\) has dtype torch.float32"):
+        boundary_gae(bad_dtype, gamma=0.9, lmbda=0.9)
+    bad_shape = good.clone()
+    bad_shape["state_value"] = torch.ones(1, 2, 3)
+    with pytest.raises(ValueError, match=r"value_key='state_value' has shape \(1, 2, 3\)"):
+        boundary_gae(bad_shape, gamma=0.9, lmbda=0.9)
+    with pytest.raises(ValueError, match="batch_size=()"):
+        boundary_gae(good[0, 0], gamma=0.9, lmbda=0.9)
+    with pytest.raises(TypeError, match="tensordict must be a TensorDict"):
+        boundary_gae({"state_value": torch.ones(2, 1)}, gamma=0.9, lmbda=0.9)

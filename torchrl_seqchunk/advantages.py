@@ -1,0 +1,183 @@
+"""Generalized advantage estimation that is right at every episode boundary.
+
+Rollouts, stream chunks and windows all concatenate episodes along time. GAE over
+such a layout must stop its recursion wherever an episode ends, zero the bootstrap
+only where the episode *terminated*, bootstrap truncated steps from the value of
+the final (pre-reset) observation, and bootstrap the last step of a chunk from the
+value of its next observation. TorchRL's GAE kernels already do all of this once
+they receive the right flags and next values; this module only prepares them.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+from torchrl.objectives.value.functional import (
+    generalized_advantage_estimate,
+    vec_generalized_advantage_estimate,
+)
+
+# TorchRL's vectorised kernel keeps the terms of its geometric filter above 1e-7;
+# a smaller gamma * lmbda leaves it an empty filter, so the loop kernel is used.
+_VEC_KERNEL_MIN_DECAY = 1e-6
+
+
+def boundary_gae(
+    tensordict: TensorDictBase,
+    *,
+    gamma: float,
+    lmbda: float,
+    value_key: NestedKey = "state_value",
+    next_value_key: NestedKey | None = None,
+    reward_key: NestedKey = ("next", "reward"),
+    done_key: NestedKey = ("next", "done"),
+    terminated_key: NestedKey = ("next", "terminated"),
+    truncated_key: NestedKey = ("next", "truncated"),
+    is_first_key: NestedKey = "is_first",
+    advantage_key: NestedKey = "advantage",
+    value_target_key: NestedKey = "value_target",
+) -> TensorDictBase:
+    """Writes GAE advantages and value targets on a ``[..., T]`` layout with episode boundaries.
+
+    Works on anything whose last batch dimension is time and whose rows may hold
+    several episodes back to back: collector rollouts ``[num_envs, T]``, stream
+    chunks ``[B, T]`` and PPO windows ``[N, W]``. For every step ``t``:
+
+    * the TD error is ``r_t + gamma * (1 - terminated_t) * V'_t - V_t`` where ``V'_t``
+      is ``tensordict[next_value_key]``, the value of the observation reached by step
+      ``t`` (for a truncated step: the final, pre-reset observation);
+    * the recursion ``A_t = delta_t + gamma * lmbda * A_{t+1}`` stops after ``t`` when
+      step ``t`` is done, terminated or truncated, when step ``t + 1`` is an episode
+      start (``is_first``), and at the last step of every row (a chunk end, which
+      therefore bootstraps from ``V'_t`` like a truncation).
+
+    The last step of a row needs no done flag: it is always treated as a chunk end.
+    When ``terminated_key`` is absent it is taken as ``done & ~truncated`` (or as
+    ``done`` when ``truncated_key`` is absent too, as in TorchRL). The kernel is
+    TorchRL's :func:`~torchrl.objectives.value.functional.vec_generalized_advantage_estimate`
+    (or the loop kernel when ``gamma * lmbda < 1e-6``), run without gradient.
+
+    Algorithm: Schulman et al., "High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation", ICLR 2016.
+
+    Args:
+        tensordict: batch size ``[*B, T]`` with at least one dimension (time last).
+            Needs ``value_key``, ``next_value_key``, ``reward_key`` (floating,
+            ``[*B, T, 1]``) and ``done_key`` (bool ``[*B, T, 1]``); uses
+            ``terminated_key``, ``truncated_key`` and ``is_first_key`` (bool
+            ``[*B, T, 1]``) when present.
+
+    Keyword Args:
+        gamma (float): discount, in ``[0, 1]``.
+        lmbda (float): GAE lambda, in ``[0, 1]``.
+        value_key (NestedKey): critic value ``V(s_t)``. Defaults to ``"state_value"``.
+        next_value_key (NestedKey, optional): ``V(s_{t+1})``, the value of the next
+            observation (``("next", "observation")``) under the memory held after
+            step ``t``. Defaults to ``("next", *value_key)``.
+        reward_key, done_key, terminated_key, truncated_key (NestedKey): TorchRL's
+            ``"next"`` entries.
+        is_first_key (NestedKey): episode-start flag (``"is_init"`` for TorchRL's
+            ``InitTracker``). Defaults to ``"is_first"``.
+        advantage_key, value_target_key (NestedKey): where the results go
+            (``[*B, T, 1]``, the dtype of the values).
+
+    Returns:
+        The same ``tensordict``, updated in place.
+
+    Raises:
+        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, or
+            ``gamma``/``lmbda`` is not a real number.
+        ValueError: no batch dimension, ``gamma``/``lmbda`` outside ``[0, 1]``, a
+            required key missing, or an entry not shaped ``[*B, T, 1]``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_seqchunk import boundary_gae
+        >>> td = TensorDict({
+        ...     "state_value": torch.ones(1, 2, 1),
+        ...     ("next", "state_value"): torch.tensor([[[1.0], [2.0]]]),
+        ...     ("next", "reward"): torch.ones(1, 2, 1),
+        ...     ("next", "done"): torch.tensor([[[False], [True]]]),
+        ...     ("next", "terminated"): torch.zeros(1, 2, 1, dtype=torch.bool),
+        ... }, batch_size=[1, 2])
+        >>> boundary_gae(td, gamma=0.9, lmbda=1.0)["advantage"].squeeze(-1)
+        tensor([[2.5200, 1.8000]])
+    """
+    if not isinstance(tensordict, TensorDictBase):
+        raise TypeError(
+            f"tensordict must be a TensorDict, got {type(tensordict).__name__}; "
+            "wrap the tensors in tensordict.TensorDict(..., batch_size=[*B, T])."
+        )
+    if tensordict.batch_dims < 1:
+        raise ValueError(
+            f"tensordict has batch_size={tuple(tensordict.batch_size)}; it needs time as its "
+            "last batch dimension, e.g. batch_size=[num_envs, T]."
+        )
+    for name, coeff in (("gamma", gamma), ("lmbda", lmbda)):
+        if isinstance(coeff, bool) or not isinstance(coeff, numbers.Real):
+            raise TypeError(f"{name} must be a float in [0, 1], got {coeff!r}.")
+        if not 0.0 <= coeff <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {coeff!r}.")
+    if next_value_key is None:
+        next_value_key = ("next", *((value_key,) if isinstance(value_key, str) else value_key))
+
+    shape = (*tensordict.batch_size, 1)
+
+    def entry(arg: str, key: NestedKey, *, flag: bool, required: bool):
+        value = tensordict.get(key, None)
+        if value is None:
+            if required:
+                raise ValueError(
+                    f"{arg}={key!r} is not in the tensordict; "
+                    + (
+                        "run the critic on the next observations (tensordict['next']) first."
+                        if arg == "next_value_key"
+                        else f"add it or pass the key that holds it as {arg}."
+                    )
+                )
+            return None
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{arg}={key!r} has shape {tuple(value.shape)}, expected {shape} "
+                "(the batch size plus a trailing singleton, as TorchRL stores it)."
+            )
+        if flag and value.dtype != torch.bool:
+            raise TypeError(
+                f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool, "
+                "convert with .bool()."
+            )
+        return value
+
+    value = entry("value_key", value_key, flag=False, required=True)
+    next_value = entry("next_value_key", next_value_key, flag=False, required=True)
+    reward = entry("reward_key", reward_key, flag=False, required=True)
+    done = entry("done_key", done_key, flag=True, required=True)
+    terminated = entry("terminated_key", terminated_key, flag=True, required=False)
+    truncated = entry("truncated_key", truncated_key, flag=True, required=False)
+    is_first = entry("is_first_key", is_first_key, flag=True, required=False)
+
+    if terminated is None:
+        terminated = done if truncated is None else done & ~truncated
+    stop = done | terminated
+    if truncated is not None:
+        stop = stop | truncated
+    if is_first is not None:
+        # a step whose successor starts an episode ends one, flagged or not
+        stop = stop.clone()
+        stop[..., :-1, :] |= is_first[..., 1:, :]
+
+    kernel = (
+        vec_generalized_advantage_estimate
+        if gamma * lmbda >= _VEC_KERNEL_MIN_DECAY
+        else generalized_advantage_estimate
+    )
+    with torch.no_grad():
+        advantage, value_target = kernel(
+            gamma, lmbda, value, next_value, reward.to(value.dtype), stop, terminated
+        )
+    tensordict.set(advantage_key, advantage)
+    tensordict.set(value_target_key, value_target)
+    return tensordict
