@@ -1,0 +1,130 @@
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_seqchunk import make_windows
+
+
+def rollout_from_episodes(lengths_per_row, *, truncate_last=False):
+    """[num_envs, T] rollout: each row concatenates episodes; "step" holds e * T + t."""
+    steps = sum(lengths_per_row[0])
+    num_envs = len(lengths_per_row)
+    done = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
+    truncated = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
+    for e, lengths in enumerate(lengths_per_row):
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        done[e, ends] = True
+        if truncate_last:
+            truncated[e, ends[-1]] = True
+    return TensorDict(
+        {
+            "step": torch.arange(num_envs * steps).view(num_envs, steps),
+            "recurrent_state": torch.randn(num_envs, steps, 4),
+            ("next", "done"): done,
+            ("next", "terminated"): done & ~truncated,
+            ("next", "truncated"): truncated,
+        },
+        batch_size=[num_envs, steps],
+    )
+
+
+def test_windows_hold_consecutive_steps_of_one_row():
+    rollout = rollout_from_episodes([[3, 4], [2, 5]])  # T = 7
+    windows = make_windows(rollout, 3, stride=2)
+    # starts 0, 2, 4 per row; window n = e * 3 + j
+    assert windows.batch_size == torch.Size([6, 3])
+    expected = torch.tensor(
+        [[0, 1, 2], [2, 3, 4], [4, 5, 6], [7, 8, 9], [9, 10, 11], [11, 12, 13]]
+    )
+    assert torch.equal(windows["step"], expected)
+    torch.testing.assert_close(
+        windows["recurrent_state"], rollout["recurrent_state"].reshape(14, 4)[expected]
+    )
+
+
+def test_reset_flags_by_hand():
+    # row 0: episodes [3, 4]; row 1: [2, 5]
+    rollout = rollout_from_episodes([[3, 4], [2, 5]])
+    flags = make_windows(rollout, 3)["is_first"].squeeze(-1).int()
+    expected = torch.tensor(
+        [
+            [1, 0, 0], [1, 0, 1], [1, 1, 0], [1, 0, 0], [1, 0, 0],  # row 0, starts 0..4
+            [1, 0, 1], [1, 1, 0], [1, 0, 0], [1, 0, 0], [1, 0, 0],  # row 1
+        ]
+    )
+    assert torch.equal(flags, expected)
+
+
+def test_truncation_and_rollout_is_first_also_reset():
+    rollout = rollout_from_episodes([[6]])
+    rollout["next", "done"][0, 1] = True
+    rollout["next", "truncated"][0, 1] = True
+    rollout["is_first"] = torch.zeros(1, 6, 1, dtype=torch.bool)
+    rollout["is_first"][0, 4] = True  # an episode start the flags of step 3 do not show
+    flags = make_windows(rollout, 6)["is_first"].squeeze(-1).int()
+    assert torch.equal(flags, torch.tensor([[1, 0, 1, 0, 1, 0]]))
+
+
+def test_count_weights_sum_to_one_per_step():
+    rollout = rollout_from_episodes([[5, 7, 4]])
+    windows = make_windows(rollout, 4)
+    total = torch.zeros(16).index_add_(0, windows["step"].reshape(-1), windows["count_weight"].reshape(-1))
+    torch.testing.assert_close(total, torch.ones(16))
+    # hand count: steps 0..2 and 13..15 lie in 1, 2, 3 windows, the rest in 4
+    first = windows["count_weight"][0].squeeze(-1)
+    torch.testing.assert_close(first, torch.tensor([1.0, 1 / 2, 1 / 3, 1 / 4]))
+
+
+def test_stride_leaves_tail_uncovered():
+    # T = 11: starts 0, 3, 6; step 10 is in no window
+    windows = make_windows(rollout_from_episodes([[11]]), 4, stride=3)
+    assert torch.equal(
+        windows["step"], torch.tensor([[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]])
+    )
+    torch.testing.assert_close(
+        windows["count_weight"].squeeze(-1),
+        torch.tensor([[1, 1, 1, 0.5], [0.5, 1, 1, 0.5], [0.5, 1, 1, 1]]),
+    )
+
+
+def test_rows_ending_mid_episode_are_chunk_ends():
+    # the last step of each row is not done: windows stop there, no crossing into row 1
+    rollout = rollout_from_episodes([[2, 4], [6]])
+    rollout["next", "done"][:, -1] = False
+    windows = make_windows(rollout, 4)
+    assert torch.equal(windows["step"][:3, -1], torch.tensor([3, 4, 5]))
+    assert torch.equal(windows["step"][3], torch.tensor([6, 7, 8, 9]))
+    assert not windows["is_first"][3:, 1:].any()
+
+
+def test_several_memory_keys():
+    rollout = rollout_from_episodes([[4]])
+    rollout["critic_state"] = torch.zeros(1, 4, 2, 3)
+    windows = make_windows(rollout, 2, memory_key=["recurrent_state", "critic_state"])
+    assert windows["critic_state"].shape == (3, 2, 2, 3)
+    with pytest.raises(ValueError, match=r"memory_key=\('actor', 'h'\) is not in the rollout"):
+        make_windows(rollout, 2, memory_key=["recurrent_state", ("actor", "h")])
+
+
+def test_bad_input():
+    rollout = rollout_from_episodes([[3, 4]])
+    with pytest.raises(ValueError, match=r"window must be in \[1, T=7\].*window=0"):
+        make_windows(rollout, 0)
+    with pytest.raises(ValueError, match=r"window must be in \[1, T=7\].*window=8"):
+        make_windows(rollout, 8)
+    with pytest.raises(ValueError, match="stride must be >= 1, got stride=0"):
+        make_windows(rollout, 2, stride=0)
+    with pytest.raises(TypeError, match="window must be an int"):
+        make_windows(rollout, 2.0)
+    with pytest.raises(ValueError, match="memory_key='memory' is not in the rollout"):
+        make_windows(rollout, 2, memory_key="memory")
+    with pytest.raises(ValueError, match=r"expected \[num_envs, T\]"):
+        make_windows(rollout[0], 2)
+    with pytest.raises(ValueError, match=r"done_key=\('next', 'done'\) is not in the rollout"):
+        make_windows(rollout.exclude(("next", "done")), 2)
+    float_flags = rollout.clone()
+    float_flags["next", "truncated"] = float_flags["next", "truncated"].float()
+    with pytest.raises(TypeError, match=r"truncated_key=\('next', 'truncated'\) must be bool"):
+        make_windows(float_flags, 2)
+    with pytest.raises(TypeError, match="rollout must be a TensorDict"):
+        make_windows({"step": torch.zeros(1, 3)}, 2)
