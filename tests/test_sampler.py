@@ -1,0 +1,298 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+
+from torchrl_seqchunk import StreamChunkSampler
+
+
+def episodes(lengths, first_obs=0, first_episode=0, done_last=True):
+    """Steps of consecutive episodes: obs counts steps, "ep"/"k" give episode and step-in-episode."""
+    obs, ep, k, done = [], [], [], []
+    for e, length in enumerate(lengths):
+        obs += range(first_obs + len(obs), first_obs + len(obs) + length)
+        ep += [first_episode + e] * length
+        k += range(length)
+        done += [False] * (length - 1) + [True]
+    if not done_last:
+        done[-1] = False
+    n = len(obs)
+    return TensorDict(
+        {
+            "obs": torch.tensor(obs),
+            "ep": torch.tensor(ep),
+            "k": torch.tensor(k),
+            ("next", "done"): torch.tensor(done).reshape(n, 1),
+        },
+        [n],
+    )
+
+
+def buffer(num_streams, seq_len, capacity=1000, storage=LazyTensorStorage, **kwargs):
+    kwargs.setdefault("generator", torch.Generator().manual_seed(0))
+    sampler = StreamChunkSampler(num_streams, seq_len, **kwargs)
+    rb = TensorDictReplayBuffer(
+        storage=storage(capacity), sampler=sampler, batch_size=num_streams * seq_len
+    )
+    return rb
+
+
+def test_chunk_layout_and_is_first_by_hand():
+    # Find a seed whose first length-proportional draw is the 3-step episode (P = 3/8).
+    for seed in range(100):
+        rb = buffer(1, 4, generator=torch.Generator().manual_seed(seed))
+        rb.extend(episodes([3, 5]))
+        first = rb.sample()
+        if first["obs"][0, 0] == 0:
+            break
+    else:
+        pytest.fail("no seed drew the 3-step episode first")
+    second = rb.sample()
+    assert first.batch_size == torch.Size([1, 4])
+    assert first["is_first"].shape == (1, 4, 1) and first["is_first"].dtype == torch.bool
+    # stream: episode A (obs 0..2) then episode B (obs 3..7); chunk 2 continues B
+    assert first["obs"].tolist() == [[0, 1, 2, 3]]
+    assert second["obs"].tolist() == [[4, 5, 6, 7]]
+    assert first["is_first"].squeeze(-1).tolist() == [[True, False, False, True]]
+    assert second["is_first"].squeeze(-1).tolist() == [[False, False, False, False]]
+    assert first["index"].tolist() == [[0, 1, 2, 3]]
+    assert ("next", "done") in second.keys(True)
+
+
+def test_draws_are_length_proportional():
+    rb = buffer(16, 8, episode_key="episode")
+    rb.extend(episodes([2, 6]))  # episode ids are write stamps of first steps: 0 and 2
+    starts = []
+    for _ in range(150):
+        chunk = rb.sample()
+        starts.append(chunk["episode"][chunk["is_first"].squeeze(-1)])
+    starts = torch.cat(starts)
+    n = starts.numel()
+    share_short = (starts == 0).float().mean().item()
+    # P(short) = 2 / (2 + 6); 4.5 standard errors of a proportion over n draws
+    tolerance = 4.5 * math.sqrt(0.25 * 0.75 / n)
+    assert n > 3000
+    assert abs(share_short - 0.25) < tolerance
+
+
+def check_streams(rows, firsts, stored_lengths):
+    """Every stream is an in-order concatenation of whole stored episodes."""
+    for row, first in zip(rows, firsts):
+        ep, k = row[:, 0].tolist(), row[:, 1].tolist()
+        assert first.tolist() == [step == 0 for step in k]
+        assert k[0] == 0  # a stream starts with an episode start
+        for t in range(1, len(k)):
+            if k[t] == 0:  # the previous episode was emitted whole
+                assert k[t - 1] == stored_lengths[ep[t - 1]] - 1
+            else:  # the same episode continues, no step skipped or repeated
+                assert (ep[t], k[t]) == (ep[t - 1], k[t - 1] + 1)
+                assert row[t, 2] == row[t - 1, 2] + 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    num_streams=st.integers(1, 4),
+    seq_len=st.integers(1, 7),
+    num_chunks=st.integers(1, 8),
+    seed=st.integers(0, 2**31),
+)
+def test_streams_concatenate_whole_episodes(lengths, num_streams, seq_len, num_chunks, seed):
+    rb = buffer(num_streams, seq_len, generator=torch.Generator().manual_seed(seed))
+    rb.extend(episodes(lengths))
+    chunks = [rb.sample() for _ in range(num_chunks)]
+    data = torch.cat(chunks, dim=1)  # [B, num_chunks * T]
+    rows = torch.stack([data["ep"], data["k"], data["obs"]], -1)
+    check_streams(rows, data["is_first"].squeeze(-1), lengths)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=10),
+    num_streams=st.integers(1, 4),
+    seq_len=st.integers(1, 6),
+    seed=st.integers(0, 2**31),
+)
+def test_without_replacement_deals_each_episode_once_per_epoch(lengths, num_streams, seq_len, seed):
+    rb = buffer(
+        num_streams, seq_len, replacement=False, generator=torch.Generator().manual_seed(seed)
+    )
+    rb.extend(episodes(lengths))
+    for _ in range(2):  # two epochs
+        chunks = list(rb)  # iteration stops once the sampler ran out
+        assert rb.sampler.ran_out
+        data = torch.cat(chunks, dim=1)
+        mask = data["collector", "mask"]
+        assert (data["is_first"].squeeze(-1) | mask).all()  # padding resets the state
+        real_per_stream = mask.sum(1)
+        # greedy balancing: no stream exceeds the lightest by more than the longest episode
+        assert real_per_stream.max() - real_per_stream.min() <= max(lengths)
+        # the epoch ends with the chunk holding the longest stream's last step
+        assert len(chunks) == math.ceil(real_per_stream.max().item() / seq_len)
+        steps = sorted(data["obs"][mask].tolist())
+        assert steps == list(range(sum(lengths)))  # every step exactly once
+        for b in range(num_streams):
+            real = mask[b]
+            row = torch.stack([data["ep"][b], data["k"][b], data["obs"][b]], -1)[real]
+            assert (mask[b, : real.sum()]).all()  # padding only at the end of a stream
+            if real.any():
+                check_streams(row[None], data["is_first"][b].squeeze(-1)[real][None], lengths)
+                assert row[-1, 1] == lengths[row[-1, 0]] - 1  # the last episode is whole
+
+
+def test_incomplete_episode_is_not_drawn():
+    rb = buffer(2, 5)
+    rb.extend(episodes([3, 4], done_last=False))  # the 4-step episode is still running
+    for _ in range(10):
+        assert (rb.sample()["ep"] == 0).all()
+    rb = buffer(2, 5, only_complete=False)
+    rb.extend(episodes([3, 4], done_last=False))
+    seen = torch.cat([rb.sample()["ep"] for _ in range(10)])
+    assert set(seen.unique().tolist()) == {0, 1}
+
+
+def test_overwritten_queued_steps_are_never_emitted():
+    for seed in range(100):  # a seed whose first draw is episode 0 (slots 0..3)
+        rb = buffer(1, 3, capacity=10, generator=torch.Generator().manual_seed(seed))
+        rb.extend(episodes([4, 6]))  # slots 0..3 and 4..9, obs = slot
+        if rb.sample()["obs"].tolist() == [[0, 1, 2]]:
+            break
+    else:
+        pytest.fail("no seed drew episode 0 first")
+    # step obs=3 (slot 3) is queued; a new 4-step episode (obs 10..13) overwrites slots 0..3
+    rb.extend(episodes([4], first_obs=10, first_episode=2))
+    chunk = rb.sample()
+    assert chunk["is_first"][0, 0, 0]  # the stale rest was dropped: a fresh episode starts
+    assert chunk["obs"][0, 0].item() in (4, 10)
+    # the ring wrapped: the oldest stored steps are no whole episode and are never drawn
+    rb.extend(episodes([2], first_obs=14, first_episode=3))  # slots 4, 5: episode 1 is cut
+    seen = torch.cat([rb.sample()["obs"] for _ in range(30)], 1)
+    assert set(seen.unique().tolist()) == {10, 11, 12, 13, 14, 15}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    writes=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3), min_size=1, max_size=6),
+    capacity=st.integers(12, 30),
+    num_streams=st.integers(1, 3),
+    seq_len=st.integers(1, 5),
+    seed=st.integers(0, 2**31),
+)
+def test_ring_overwrites_never_break_a_stream(writes, capacity, num_streams, seq_len, seed):
+    rb = buffer(
+        num_streams, seq_len, capacity=capacity, generator=torch.Generator().manual_seed(seed)
+    )
+    written, chunks = 0, []
+    for lengths in writes:  # write a few episodes, then sample two chunks
+        data = episodes(lengths, first_obs=written, first_episode=written)
+        written += len(data)
+        rb.extend(data)
+        if rb.can_sample():
+            chunks += [rb.sample(), rb.sample()]
+    if not chunks:
+        return
+    data = torch.cat(chunks, dim=1)
+    ep, k, first = data["ep"], data["k"], data["is_first"].squeeze(-1)
+    assert (first == (k == 0)).all()  # each row starts a fresh episode or continues one
+    assert first[:, 0].all()
+    same = (ep[:, 1:] == ep[:, :-1]) & (k[:, 1:] == k[:, :-1] + 1)
+    assert (first[:, 1:] | same).all()  # no step of a stream is stale, skipped or repeated
+
+
+def test_resume_from_state_dict_repeats_the_chunks():
+    data = episodes([3, 7, 2, 9, 5, 4])
+    rb = buffer(3, 4, generator=None, episode_key="episode")
+    rb.extend(data)
+    [rb.sample() for _ in range(3)]
+    state = rb.state_dict()
+    expected = [rb.sample() for _ in range(3)]
+    torch.manual_seed(123)  # a different default generator seed for the new sampler
+    resumed = buffer(3, 4, generator=None, episode_key="episode")
+    resumed.load_state_dict(state)
+    for want in expected:
+        got = resumed.sample()
+        assert (got == want).all()
+
+
+def test_resume_from_disk_repeats_the_chunks(tmp_path):
+    rb = buffer(2, 5, storage=LazyMemmapStorage, capacity=30)
+    rb.extend(episodes([6, 8, 3, 9, 7]))  # 33 steps in 30 slots: the ring wrapped
+    [rb.sample() for _ in range(3)]
+    rb.dumps(tmp_path)
+    expected = [rb.sample() for _ in range(3)]
+    resumed = buffer(2, 5, storage=LazyMemmapStorage, capacity=30, generator=None)
+    resumed.loads(tmp_path)
+    for want in expected:
+        assert (resumed.sample() == want).all()
+
+
+def test_trajectory_ids_delimit_episodes():
+    data = episodes([3, 5, 2])
+    del data["next", "done"]
+    rb = buffer(2, 4, traj_key="ep")
+    rb.extend(data)
+    chunk = torch.cat([rb.sample() for _ in range(10)], 1)
+    # the last trajectory may still be running: only ids 0 and 1 are complete
+    assert set(chunk["ep"].unique().tolist()) == {0, 1}
+    assert (chunk["is_first"].squeeze(-1) == (chunk["k"] == 0)).all()
+
+
+def test_is_first_key_and_step_key_options():
+    rb = buffer(1, 3, is_first_key="is_init", step_key=("diag", "step"))
+    rb.extend(episodes([5]))
+    chunk = rb.sample()
+    assert chunk["is_init"].squeeze(-1).tolist() == [[True, False, False]]
+    assert chunk["diag", "step"].tolist() == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, words",
+    [
+        ((0, 4), {}, ValueError, "num_streams must be >= 1, got 0"),
+        ((2, -1), {}, ValueError, "seq_len must be >= 1, got -1"),
+        ((2, 4.0), {}, TypeError, "seq_len must be an int"),
+        ((2, 4), {"generator": 3}, TypeError, "generator must be a torch.Generator"),
+    ],
+)
+def test_bad_arguments(args, kwargs, error, words):
+    with pytest.raises(error, match=words):
+        StreamChunkSampler(*args, **kwargs)
+
+
+def test_no_complete_episode_error_names_the_count():
+    rb = buffer(2, 4)
+    rb.extend(episodes([6], done_last=False))
+    with pytest.raises(ValueError, match=r"holds 6 step\(s\).*only_complete=False"):
+        rb.sample()
+
+
+def test_episode_longer_than_storage_error():
+    rb = buffer(2, 4, capacity=5)
+    rb.extend(episodes([8]))  # the ring keeps the last 5 steps, never a whole episode
+    with pytest.raises(ValueError, match="longer than the storage capacity"):
+        rb.sample()
+
+
+def test_missing_end_key_and_non_bool_flags():
+    rb = buffer(1, 2)
+    data = episodes([3])
+    rb.extend(data.exclude(("next", "done")).set(("next", "terminated"), data["next", "done"]))
+    with pytest.raises(ValueError, match=r"key \('next', 'done'\) not found"):
+        rb.sample()
+    rb = buffer(1, 2)
+    rb.extend(data.set(("next", "done"), data["next", "done"].long()))
+    with pytest.raises(TypeError, match="must hold bool flags, got dtype torch.int64"):
+        rb.sample()
+
+
+def test_wrong_batch_size_and_state_mismatch():
+    rb = buffer(2, 3)
+    rb.extend(episodes([4]))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="batch_size must be"):
+        rb.sample(5)
+    with pytest.raises(ValueError, match="num_streams, seq_len"):
+        StreamChunkSampler(3, 3).load_state_dict(rb.sampler.state_dict())

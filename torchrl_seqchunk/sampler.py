@@ -1,0 +1,528 @@
+"""Stream chunks: episodes concatenated into persistent streams and cut into ``[B, T]`` chunks.
+
+The sampler keeps ``B`` streams. Each stream is a queue of episodes (what is left of
+them). On every call a stream short of ``T`` unread steps appends whole episodes, drawn
+in proportion to their length, and then its first ``T`` unread steps become row ``b`` of
+the chunk. ``is_first`` marks the steps where an episode starts. This is the data layout of
+truncated backpropagation through time over concatenated episodes (as in DreamerV3's
+replay, Hafner et al. 2023, "Mastering Diverse Domains through World Models").
+
+Three small pieces do the bookkeeping:
+
+- :class:`_WriteLog`: a write stamp per storage slot (how many steps had been written
+  before it), fed by the replay buffer's ``extend``/``add`` calls; it gives the write
+  order of the slots and tells which slots were rewritten after a given moment.
+- :class:`_EpisodeTable`: the episodes found in the storage, in write order; draws one in
+  proportion to its length.
+- :class:`_Stream`: a queue of segments with O(1) push and take from the head.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+
+__all__ = ["StreamChunkSampler"]
+
+_UNSET = torch.iinfo(torch.long).min
+
+
+class _WriteLog:
+    """Write stamp of every storage slot: the number of steps written before it.
+
+    Stamps grow with every write, so sorting slots by stamp gives the order in which the
+    steps were written, and a slot whose stamp is ``>= t`` was rewritten after the moment
+    the clock read ``t``. Slots filled before any write was recorded (a storage handed to
+    the sampler already full) count as written in slot order before everything else.
+    """
+
+    def __init__(self):
+        self.stamps = torch.full((0,), _UNSET, dtype=torch.long)
+        self.clock = 0  # stamp of the next written step
+        self.origin = 0  # stamp of the oldest step ever written
+
+    def record(self, index: torch.Tensor) -> None:
+        index = index.reshape(-1).to("cpu", torch.long)
+        self._grow(int(index.max()) + 1)
+        self.stamps[index] = self.clock + torch.arange(index.numel())
+        self.clock += index.numel()
+
+    def _grow(self, size: int) -> None:
+        if self.stamps.numel() < size:
+            grown = torch.full((size,), _UNSET, dtype=torch.long)
+            grown[: self.stamps.numel()] = self.stamps
+            self.stamps = grown
+
+    def cover(self, size: int) -> torch.Tensor:
+        """Returns the stamps of slots ``[0, size)``, stamping slots never recorded."""
+        self._grow(size)
+        unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
+        if unknown.numel():
+            self.origin -= unknown.numel()
+            self.stamps[unknown] = self.origin + torch.arange(unknown.numel())
+        return self.stamps[:size]
+
+
+class _EpisodeTable:
+    """Episodes of a storage, in write order; ``draw`` picks one in proportion to its length.
+
+    ``slots`` lists the storage slots in write order; episode ``e`` is
+    ``slots[starts[e]:starts[e] + lengths[e]]`` and its id is the write stamp of its first
+    step. Drawing a uniform step and taking its episode gives P(e) = len(e) / total.
+    """
+
+    def __init__(self, slots, starts, lengths, ids):
+        self.slots, self.starts, self.lengths, self.ids = slots, starts, lengths, ids
+        self.cumulative = lengths.cumsum(0)
+        self.total = int(self.cumulative[-1]) if lengths.numel() else 0
+
+    def __len__(self) -> int:
+        return self.lengths.numel()
+
+    def draw(self, generator: torch.Generator) -> int:
+        step = torch.randint(self.total, (1,), generator=generator)
+        return int(torch.searchsorted(self.cumulative, step, right=True))
+
+    def segment(self, e: int, queued_at: int) -> _Segment:
+        start, length = int(self.starts[e]), int(self.lengths[e])
+        return _Segment(self.slots[start : start + length], int(self.ids[e]), 0, queued_at)
+
+
+class _Segment:
+    """An episode in a stream queue, or what is left of it.
+
+    ``slots``: storage slots of the unread steps; ``offset``: step-in-episode of
+    ``slots[0]``; ``queued_at``: write clock when queued (a slot stamped later was rewritten).
+    """
+
+    __slots__ = ("slots", "episode", "offset", "queued_at")
+
+    def __init__(self, slots, episode, offset, queued_at):
+        self.slots, self.episode, self.offset, self.queued_at = slots, episode, offset, queued_at
+
+
+class _Stream:
+    """A queue of segments: ``push`` appends, ``take(n)`` removes the first ``n`` unread steps."""
+
+    def __init__(self):
+        self.segments = collections.deque()
+        self.unread = 0
+
+    def push(self, segment: _Segment) -> None:
+        self.segments.append(segment)
+        self.unread += segment.slots.numel()
+
+    def take(self, n: int) -> list[_Segment]:
+        pieces = []
+        while n:
+            head = self.segments[0]
+            k = min(n, head.slots.numel())
+            pieces.append(_Segment(head.slots[:k], head.episode, head.offset, head.queued_at))
+            if k == head.slots.numel():
+                self.segments.popleft()
+            else:
+                head.slots, head.offset = head.slots[k:], head.offset + k
+            self.unread -= k
+            n -= k
+        return pieces
+
+    def drop_stale(self, stamps: torch.Tensor) -> None:
+        """Cuts every segment at its first step rewritten since it was queued."""
+        kept = collections.deque()
+        for seg in self.segments:
+            stale = (stamps[seg.slots] >= seg.queued_at).nonzero()
+            if stale.numel():
+                seg.slots = seg.slots[: int(stale[0])]
+            if seg.slots.numel():
+                kept.append(seg)
+        self.segments = kept
+        self.unread = sum(seg.slots.numel() for seg in kept)
+
+
+class _NoReplacementDispatch(type(Sampler)):
+    # TorchRL's sampler metaclass consumes a ``replacement`` keyword to swap in another
+    # class; this sampler handles both modes itself, so the keyword goes to ``__init__``.
+    def __call__(cls, *args, **kwargs):
+        return type.__call__(cls, *args, **kwargs)
+
+
+class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
+    """Samples ``[B, T]`` chunks of ``B`` persistent streams of concatenated episodes.
+
+    Each of the ``num_streams`` streams is a queue of episodes. On every :meth:`sample`,
+    a stream holding fewer than ``seq_len`` unread steps appends whole episodes until it
+    holds at least ``seq_len`` (never more episodes than needed); then the first
+    ``seq_len`` unread steps of each stream, in time order, form row ``b`` of the chunk
+    (stream ``b`` is always row ``b``) and the rest waits for the next call. With
+    ``replacement=True`` an episode is drawn with probability proportional to its length,
+    ``P(e) = len(e) / (steps of all eligible episodes)`` (the episode of a uniformly drawn
+    step). The layout is that of truncated backpropagation through time over
+    concatenated episodes, as in DreamerV3's replay (Hafner et al., 2023, "Mastering
+    Diverse Domains through World Models").
+
+    Use it in a :class:`~torchrl.data.TensorDictReplayBuffer` with ``batch_size =
+    num_streams * seq_len`` over a one-dimensional storage filled with ``rb.extend`` /
+    ``rb.add`` (steps in time order, TorchRL layout: the step's keys at the root, reward
+    and done flags under ``"next"``). ``rb.sample()`` then returns a TensorDict of batch
+    size ``[B, T]`` holding the stored keys (e.g. ``"observation"`` ``[B, T, *obs]``,
+    ``("next", "done")`` ``[B, T, 1]``) plus:
+
+    - ``is_first_key``: bool ``[B, T, 1]``, True exactly where an episode starts (at
+      ``t = 0`` only when a new episode starts there; False when the chunk continues one);
+    - ``"index"``: long ``[B, T]``, the storage slots (set by the replay buffer);
+    - ``episode_key`` / ``step_key`` when given: long ``[B, T]``, the episode id (write
+      count of its first step) and the step-in-episode of every slot (diagnostics);
+    - ``mask_key`` with ``replacement=False``: bool ``[B, T]``, False on padding.
+
+    Episodes come from ``end_key`` flags (the last step of an episode has it True) or,
+    when ``traj_key`` is given, from changes of trajectory id (and ``end_key`` where it is
+    stored). Only complete episodes are drawn unless ``only_complete=False``: an episode
+    still being written, or one whose first steps were overwritten, is left out.
+
+    Ring buffers: a step whose slot was rewritten after its episode was queued is never
+    emitted; the stream drops the rest of that episode and its next step is an episode
+    start. The sampler learns about writes through the replay buffer's ``extend``/``add``
+    calls (write through the buffer, not the storage); a storage that was already filled
+    when the sampler first saw it is read in slot order.
+
+    ``replacement=False`` (on-policy use): an epoch starts with every eligible episode
+    dealt once, in a random order, to the stream with the fewest steps so far (streams
+    balanced in length). Chunks then run until every stream is empty; a stream that runs
+    out first is padded (``mask_key`` False, ``is_first`` True, the padding repeats a
+    valid slot). :attr:`ran_out` turns True with the last chunk of an epoch, so
+    ``for chunk in rb:`` runs exactly one epoch; the next :meth:`sample` starts a new one.
+
+    The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
+    replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
+    order; use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order.
+    :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
+    generator state, so a resumed run emits the same chunks as an uninterrupted one.
+
+    Cost: each sample does O(B + queued pieces) Python work besides the gather; after new
+    writes it rereads the storage's end flags once, O(storage length).
+
+    Args:
+        num_streams (int): number of streams ``B`` (>= 1), the first batch dim.
+        seq_len (int): chunk length ``T`` (>= 1), the time (last) batch dim.
+
+    Keyword Args:
+        end_key (NestedKey): bool flag marking the last step of an episode. Defaults to
+            ``("next", "done")``.
+        traj_key (NestedKey, optional): trajectory id per step (e.g.
+            ``("collector", "traj_ids")``); episodes then end where the id changes.
+            Defaults to ``None`` (use ``end_key`` only).
+        is_first_key (NestedKey): key written with the episode-start flags. Defaults to
+            ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
+        replacement (bool): ``True`` draws episodes in proportion to their length;
+            ``False`` deals every episode once per epoch. Defaults to ``True``.
+        only_complete (bool): draw only complete episodes. Defaults to ``True``.
+        generator (torch.Generator, optional): source of randomness. Defaults to the
+            replay buffer's generator when it has one, else a CPU generator seeded from
+            torch's global RNG.
+        episode_key (NestedKey, optional): where to write episode ids. Defaults to ``None``.
+        step_key (NestedKey, optional): where to write steps-in-episode. Defaults to ``None``.
+        mask_key (NestedKey): padding mask key (``replacement=False`` only). Defaults to
+            ``("collector", "mask")``, as TorchRL's slice samplers.
+
+    Raises:
+        TypeError: ``num_streams`` / ``seq_len`` not ints, non-bool ``end_key`` flags,
+            ``generator`` not a ``torch.Generator``.
+        ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
+            ``num_streams * seq_len``; a storage that is not one-dimensional, lacks
+            ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
+            an episode is longer than the storage); a state dict for other sizes.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl_seqchunk import StreamChunkSampler
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100),
+        ...     sampler=StreamChunkSampler(1, 4, generator=torch.Generator().manual_seed(0)),
+        ...     batch_size=4,
+        ... )
+        >>> done = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+        >>> rb.extend(TensorDict({"obs": torch.arange(8), ("next", "done"): done}, [8]))
+        >>> chunk = rb.sample()
+        >>> chunk.batch_size
+        torch.Size([1, 4])
+        >>> chunk["is_first"].shape, chunk["is_first"].dtype
+        (torch.Size([1, 4, 1]), torch.bool)
+        >>> first = chunk["obs"][0, 0].item()
+        >>> first in (0, 3)  # every chunk row starts where an episode starts
+        True
+    """
+
+    def __init__(
+        self,
+        num_streams: int,
+        seq_len: int,
+        *,
+        end_key: NestedKey = ("next", "done"),
+        traj_key: NestedKey | None = None,
+        is_first_key: NestedKey = "is_first",
+        replacement: bool = True,
+        only_complete: bool = True,
+        generator: torch.Generator | None = None,
+        episode_key: NestedKey | None = None,
+        step_key: NestedKey | None = None,
+        mask_key: NestedKey = ("collector", "mask"),
+    ):
+        for name, value in (("num_streams", num_streams), ("seq_len", seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}).")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}; pass a positive number.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(
+                f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
+                "pass torch.Generator().manual_seed(seed)."
+            )
+        self.num_streams, self.seq_len = num_streams, seq_len
+        self.end_key, self.traj_key, self.is_first_key = end_key, traj_key, is_first_key
+        self.replacement, self.only_complete = bool(replacement), bool(only_complete)
+        self.episode_key, self.step_key, self.mask_key = episode_key, step_key, mask_key
+        self._generator = generator
+        self._empty()
+
+    # ----------------------------------------------------------------- replay-buffer hooks
+    def add(self, index: int) -> None:
+        self._log.record(torch.as_tensor(index))
+
+    def extend(self, index: torch.Tensor) -> None:
+        if isinstance(index, tuple):
+            raise ValueError(
+                "StreamChunkSampler needs a one-dimensional storage, got a multi-dimensional "
+                "write index; flatten [num_envs, T] data to steps in time order per env before "
+                "rb.extend, or use one storage dimension."
+            )
+        self._log.record(torch.as_tensor(index))
+
+    def _empty(self) -> None:
+        self._log = _WriteLog()
+        self._table = None
+        self._table_clock = None  # write clock the table (and the queues' check) reflect
+        self._streams = [_Stream() for _ in range(self.num_streams)]
+        self._ran_out = False
+        self._remaining_batches = torch.iinfo(torch.int64).max if self.replacement else 0
+
+    @property
+    def ran_out(self) -> bool:
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = value
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The generator in use (see ``generator`` in the class docstring)."""
+        if self._generator is None:
+            if self._rng is not None:
+                self._generator = self._rng
+            else:
+                seed = int(torch.randint(2**62, (1,)))
+                self._generator = torch.Generator().manual_seed(seed)
+        return self._generator
+
+    def can_sample(self, storage: Storage, batch_size: int) -> bool:
+        return len(storage) > 0 and len(self._refresh(storage, raise_empty=False)) > 0
+
+    # ---------------------------------------------------------------------------- sampling
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        B, T = self.num_streams, self.seq_len
+        if batch_size != B * T:
+            raise ValueError(
+                f"batch_size must be num_streams * seq_len = {B} * {T} = {B * T}, got "
+                f"{batch_size}; build the replay buffer with batch_size={B * T}."
+            )
+        table = self._refresh(storage, raise_empty=True)
+        if self.replacement:
+            for stream in self._streams:
+                while stream.unread < T:
+                    stream.push(table.segment(table.draw(self.generator), self._log.clock))
+        elif all(stream.unread == 0 for stream in self._streams):
+            self._deal_epoch(table)
+        rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
+        return self._chunk(rows, pad_slot=int(table.slots[table.starts[0]]))
+
+    def _refresh(self, storage: Storage, *, raise_empty: bool) -> _EpisodeTable:
+        """Re-reads episodes and cuts stale queue entries when writes happened since last call."""
+        if self._table is None or self._table_clock != self._log.clock or len(self._table.slots) != len(storage):
+            self._table = self._find_episodes(storage)
+            self._table_clock = self._log.clock
+            for stream in self._streams:
+                stream.drop_stale(self._log.stamps)
+        if raise_empty and not len(self._table):
+            n = len(storage)
+            raise ValueError(
+                f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
+                f"in the storage: it holds {n} step(s) of capacity {storage.max_size} and no "
+                f"episode ends ({self.end_key!r} never True after a whole episode"
+                f"{'' if self.traj_key is None else f' and {self.traj_key!r} never changes'}). "
+                "Write whole episodes before sampling, or pass only_complete=False to draw "
+                "episodes still in progress; an episode longer than the storage capacity "
+                "can never be stored whole, so raise the capacity."
+            )
+        return self._table
+
+    def _find_episodes(self, storage: Storage) -> _EpisodeTable:
+        if storage.ndim != 1:
+            raise ValueError(
+                f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
+                "build the storage with ndim=1 and extend it with steps in time order."
+            )
+        n = len(storage)
+        stamps = self._log.cover(n)
+        slots = torch.argsort(stamps)  # slots in write order
+        stamps = stamps[slots]
+        if n == 0:
+            return _EpisodeTable(slots, slots, slots, slots)
+        data = storage[:]
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(
+                f"StreamChunkSampler needs a TensorDict storage, got {type(data).__name__} "
+                "entries; store TensorDicts (e.g. LazyTensorStorage)."
+            )
+        end = self._read(data, self.end_key, required=self.traj_key is None)
+        if end is None:
+            end = torch.zeros(n, dtype=torch.bool)
+        elif end.dtype != torch.bool:
+            raise TypeError(
+                f"end_key {self.end_key!r} must hold bool flags, got dtype {end.dtype}; store "
+                "done flags as torch.bool (TorchRL's convention) or cast them before rb.extend."
+            )
+        end = end.reshape(n, -1).any(-1)[slots]
+        lost = stamps[1:] != stamps[:-1] + 1  # steps lost (overwritten) between t and t + 1
+        closed = end.clone()  # the step is known to end an episode
+        if self.traj_key is not None:
+            traj = self._read(data, self.traj_key, required=True).reshape(n, -1)[slots]
+            closed[:-1] |= (traj[1:] != traj[:-1]).any(-1) & ~lost
+        cut = closed.clone()
+        cut[:-1] |= lost
+        cut[-1] = True
+        stops = cut.nonzero().squeeze(-1)
+        starts = torch.cat([stops.new_zeros(1), stops[:-1] + 1])
+        if self.only_complete:
+            clean_start = torch.empty_like(starts, dtype=torch.bool)
+            clean_start[0] = bool(stamps[0] == self._log.origin)
+            clean_start[1:] = closed[starts[1:] - 1] & ~lost[starts[1:] - 1]
+            keep = closed[stops] & clean_start
+            starts, stops = starts[keep], stops[keep]
+        return _EpisodeTable(slots, starts, stops - starts + 1, stamps[starts])
+
+    @staticmethod
+    def _read(data, key, *, required):
+        value = data.get(key, default=None)
+        if value is None and required:
+            raise ValueError(
+                f"key {key!r} not found in the storage (its keys: "
+                f"{sorted(map(str, data.keys(True, True)))}); pass end_key=/traj_key= naming "
+                "the episode-end flag or trajectory id the data holds."
+            )
+        return None if value is None else value.cpu()
+
+    def _deal_epoch(self, table: _EpisodeTable) -> None:
+        """Deals every episode once, in random order, to the least-filled stream."""
+        order = torch.randperm(len(table), generator=self.generator).tolist()
+        loads = [(0, b) for b in range(self.num_streams)]
+        for e in order:
+            load, b = heapq.heappop(loads)
+            segment = table.segment(e, self._log.clock)
+            self._streams[b].push(segment)
+            heapq.heappush(loads, (load + segment.slots.numel(), b))
+        longest = max(stream.unread for stream in self._streams)
+        self._remaining_batches = -(-longest // self.seq_len)
+        self._ran_out = False
+
+    def _chunk(self, rows: list[list[_Segment]], pad_slot: int) -> tuple[torch.Tensor, dict]:
+        B, T = self.num_streams, self.seq_len
+        slots, steps, episodes = [], [], []
+        for pieces in rows:
+            filled = sum(p.slots.numel() for p in pieces)
+            for p in pieces:
+                slots.append(p.slots)
+                steps.append(torch.arange(p.offset, p.offset + p.slots.numel()))
+                episodes.append(torch.full((p.slots.numel(),), p.episode))
+            if filled < T:  # replacement=False only: the stream's epoch is over
+                slots.append(torch.full((T - filled,), pad_slot))
+                steps.append(torch.full((T - filled,), -1))
+                episodes.append(torch.full((T - filled,), -1))
+        index = torch.cat(slots).view(B, T)
+        step = torch.cat(steps).view(B, T)
+        info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
+        if self.episode_key is not None:
+            info[self.episode_key] = torch.cat(episodes).view(B, T)
+        if self.step_key is not None:
+            info[self.step_key] = step
+        if not self.replacement:
+            info[self.mask_key] = step >= 0
+            self._remaining_batches -= 1
+            self._ran_out = all(stream.unread == 0 for stream in self._streams)
+        return index, info
+
+    # ------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        segments = [(b, seg) for b, s in enumerate(self._streams) for seg in s.segments]
+        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+        return {
+            "num_streams": self.num_streams,
+            "seq_len": self.seq_len,
+            "stamps": self._log.stamps.clone(),
+            "clock": self._log.clock,
+            "origin": self._log.origin,
+            "generator": self.generator.get_state(),
+            "segment_stream": as_long([b for b, _ in segments]),
+            "segment_length": as_long([seg.slots.numel() for _, seg in segments]),
+            "segment_episode": as_long([seg.episode for _, seg in segments]),
+            "segment_offset": as_long([seg.offset for _, seg in segments]),
+            "segment_queued_at": as_long([seg.queued_at for _, seg in segments]),
+            "segment_slots": torch.cat([seg.slots for _, seg in segments] or [as_long([])]),
+            "ran_out": self._ran_out,
+            "remaining_batches": self._remaining_batches,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sizes = (state_dict["num_streams"], state_dict["seq_len"])
+        if sizes != (self.num_streams, self.seq_len):
+            raise ValueError(
+                f"state_dict is for (num_streams, seq_len) = {sizes}, this sampler has "
+                f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
+            )
+        self._empty()
+        self._log.stamps = state_dict["stamps"].clone()
+        self._log.clock, self._log.origin = state_dict["clock"], state_dict["origin"]
+        self.generator.set_state(state_dict["generator"])
+        slots = state_dict["segment_slots"].split(state_dict["segment_length"].tolist())
+        fields = zip(
+            state_dict["segment_stream"].tolist(),
+            slots,
+            state_dict["segment_episode"].tolist(),
+            state_dict["segment_offset"].tolist(),
+            state_dict["segment_queued_at"].tolist(),
+        )
+        for b, seg_slots, episode, offset, queued_at in fields:
+            self._streams[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
+        self._ran_out = state_dict["ran_out"]
+        self._remaining_batches = state_dict["remaining_batches"]
+
+    def dumps(self, path) -> None:
+        path = Path(path).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), path / "stream_chunk_sampler.pt")
+
+    def loads(self, path) -> None:
+        self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_streams={self.num_streams}, seq_len={self.seq_len}, "
+            f"replacement={self.replacement}, end_key={self.end_key!r}, traj_key={self.traj_key!r})"
+        )
