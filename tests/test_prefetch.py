@@ -1,0 +1,104 @@
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+
+
+def counter(delay=0.0):
+    """A source returning chunks 0, 1, 2, ... with an optional production delay."""
+    count = iter(range(10**6))
+
+    def source():
+        time.sleep(delay)
+        return TensorDict({"k": torch.tensor(next(count))}, [])
+
+    return source
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name == "ChunkPrefetcher"]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 8])
+def test_order_holds_with_a_slow_consumer(depth):
+    with ChunkPrefetcher(counter(), depth=depth) as chunks:
+        got = []
+        for chunk in chunks:
+            got.append(chunk["k"].item())
+            time.sleep(0.002 if len(got) % 3 == 0 else 0.0)  # the queue fills up meanwhile
+            if len(got) == 40:
+                break
+    assert got == list(range(40))
+
+
+def test_prefetched_chunks_equal_direct_sampling():
+    def make():
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(200),
+            sampler=StreamChunkSampler(4, 5, generator=torch.Generator().manual_seed(1)),
+            batch_size=20,
+        )
+        done = torch.zeros(150, 1, dtype=torch.bool)
+        done[[6, 20, 27, 60, 61, 99, 120, 149]] = True
+        rb.extend(TensorDict({"obs": torch.arange(150), ("next", "done"): done}, [150]))
+        return rb
+
+    direct = make()
+    expected = [direct.sample() for _ in range(12)]
+    with ChunkPrefetcher(make().sample, depth=8, device="cpu") as chunks:
+        got = [next(chunks) for _ in range(12)]
+    for want, have in zip(expected, got):
+        assert (want == have).all()
+
+
+def test_iterable_source_ends_and_thread_exits():
+    source = [TensorDict({"k": torch.tensor(i)}, []) for i in range(5)]
+    prefetcher = ChunkPrefetcher(source, depth=2)
+    assert [chunk["k"].item() for chunk in prefetcher] == [0, 1, 2, 3, 4]
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    assert not prefetch_threads()
+
+
+def test_worker_exception_surfaces_with_its_traceback():
+    count = iter(range(100))
+
+    def failing_source():
+        k = next(count)
+        if k == 3:
+            raise ValueError("storage went away")
+        return TensorDict({"k": torch.tensor(k)}, [])
+
+    prefetcher = ChunkPrefetcher(failing_source, depth=2)
+    assert [next(prefetcher)["k"].item() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="storage went away") as info:
+        next(prefetcher)
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "failing_source" in frames
+    assert not prefetch_threads()
+
+
+def test_close_joins_the_thread_while_the_queue_is_full():
+    prefetcher = ChunkPrefetcher(counter(), depth=2)
+    next(prefetcher)
+    time.sleep(0.05)  # the worker now blocks on a full queue
+    assert len(prefetch_threads()) == 1
+    prefetcher.close()
+    assert not prefetch_threads()
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="depth must be >= 1, got 0"):
+        ChunkPrefetcher(counter(), depth=0)
+    with pytest.raises(TypeError, match="depth must be an int"):
+        ChunkPrefetcher(counter(), depth=2.0)
+    with pytest.raises(TypeError, match="source must be a callable"):
+        ChunkPrefetcher(42)

@@ -1,0 +1,157 @@
+"""Background preparation of chunks, strictly in order."""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable
+
+import torch
+
+__all__ = ["ChunkPrefetcher"]
+
+_DONE = object()  # the source is exhausted
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class ChunkPrefetcher:
+    """Prepares chunks in one background thread and hands them over in order.
+
+    One worker thread pulls chunks from ``source`` (a zero-argument callable such as
+    ``rb.sample``, or an iterable such as a replay buffer), optionally pins them and
+    copies them to ``device``, and puts them in a queue of at most ``depth`` chunks. A
+    single worker keeps the order: chunk ``k`` is always delivered before chunk ``k + 1``,
+    whatever ``depth``, which a stateful sampler such as
+    :class:`~torchrl_seqchunk.StreamChunkSampler` needs (a replay buffer's
+    ``prefetch > 1`` runs samples in several threads and may reorder them).
+
+    Iterating yields the chunks (TensorDicts, or whatever ``source`` returns; ``.to`` and
+    ``.pin_memory`` are used when a device is given). The iteration ends when an iterable
+    source is exhausted; a callable source never ends. An exception raised in the worker
+    is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
+    :meth:`close` (also on leaving a ``with`` block) stops and joins the thread.
+
+    Args:
+        source (callable or iterable): where chunks come from.
+
+    Keyword Args:
+        depth (int): most chunks prepared ahead (>= 1). Defaults to ``2``.
+        device (torch.device or str, optional): device the chunks are moved to, with
+            ``non_blocking=True``. Defaults to ``None`` (left where they are).
+        pin_memory (bool, optional): pin chunks in page-locked memory before the copy.
+            Defaults to ``None``: pin when ``device`` is a CUDA device.
+
+    Raises:
+        TypeError: ``source`` is neither callable nor iterable; ``depth`` not an int.
+        ValueError: ``depth`` < 1.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100), sampler=StreamChunkSampler(2, 3), batch_size=6
+        ... )
+        >>> done = (torch.arange(20) % 5 == 4).unsqueeze(-1)
+        >>> rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
+        >>> with ChunkPrefetcher(rb.sample, depth=2) as chunks:
+        ...     for _, chunk in zip(range(3), chunks):
+        ...         print(chunk.batch_size)
+        torch.Size([2, 3])
+        torch.Size([2, 3])
+        torch.Size([2, 3])
+    """
+
+    def __init__(
+        self,
+        source: Callable | Iterable,
+        *,
+        depth: int = 2,
+        device: torch.device | str | None = None,
+        pin_memory: bool | None = None,
+    ):
+        if callable(source):
+            self._next = source
+        elif isinstance(source, Iterable):
+            self._next = iter(source).__next__
+        else:
+            raise TypeError(
+                f"source must be a callable (e.g. rb.sample) or an iterable, got "
+                f"{type(source).__name__}."
+            )
+        if isinstance(depth, bool) or not isinstance(depth, int):
+            raise TypeError(f"depth must be an int >= 1, got {depth!r}.")
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}; pass depth=2 for double buffering.")
+        self.device = None if device is None else torch.device(device)
+        on_cuda = self.device is not None and self.device.type == "cuda"
+        self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
+        self._queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(target=self._work, name="ChunkPrefetcher", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    chunk = self._next()
+                except StopIteration:
+                    self._put(_DONE)
+                    return
+                if self.pin_memory:
+                    chunk = chunk.pin_memory()
+                if self.device is not None:
+                    chunk = chunk.to(self.device, non_blocking=True)
+                self._put(chunk)
+        except BaseException as error:  # handed to the consumer
+            self._put(_Failure(error))
+
+    def _put(self, item) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _DONE or isinstance(item, _Failure):
+            self._finished = True
+            self.close()
+            if isinstance(item, _Failure):
+                raise item.error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stops the worker and joins it; chunks still queued are dropped."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+        self._finished = True
+
+    def __enter__(self) -> ChunkPrefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_thread", None) is not None:
+            self._stop.set()
