@@ -1,0 +1,417 @@
+"""Tests for torchrl_seqchunk.recurrent: every backend against a per-step reference loop."""
+import doctest
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+
+from torchrl_seqchunk import MinGRUCell, ResetRNN, rnn_with_resets
+from torchrl_seqchunk import recurrent
+
+B, T, F, H = 5, 9, 3, 4
+
+
+# --------------------------------------------------------------------------- helpers
+class TupleCell(nn.Module):
+    """An RSSM-like cell with a tuple state (deterministic h, latent z)."""
+
+    def __init__(self, input_size, hidden, latent):
+        super().__init__()
+        self.gru = nn.GRUCell(input_size + latent, hidden)
+        self.post = nn.Linear(hidden, latent)
+
+    def forward(self, x, state):
+        h, z = state
+        h = self.gru(torch.cat([x, z], -1), h)
+        return h, torch.tanh(self.post(h))
+
+
+class Accumulator(nn.Module):
+    """h_t = h_{t-1} + x_t (the wrapper does the resetting); also a linear recurrence."""
+
+    hidden_size = 1
+
+    def forward(self, x, h):
+        return h + x
+
+    def linear_coefficients(self, x):
+        return torch.ones_like(x), x
+
+
+def make_rnn(kind):
+    return {
+        "gru2": lambda: nn.GRU(F, H, num_layers=2),  # time-first, to check batch_first
+        "lstm2": lambda: nn.LSTM(F, H, num_layers=2, batch_first=True),
+        "lstm_proj": lambda: nn.LSTM(F, H, batch_first=True, proj_size=2),
+        "grucell": lambda: nn.GRUCell(F, H),
+        "lstmcell": lambda: nn.LSTMCell(F, H),
+        "tuplecell": lambda: TupleCell(F, H, 2),
+        "mingru": lambda: MinGRUCell(F, H),
+    }[kind]()
+
+
+def state_shapes(rnn):
+    if isinstance(rnn, nn.GRU):
+        return [(rnn.num_layers, H)]
+    if isinstance(rnn, nn.LSTM):
+        return [(rnn.num_layers, rnn.proj_size or H), (rnn.num_layers, H)]
+    if isinstance(rnn, nn.LSTMCell):
+        return [(H,), (H,)]
+    if isinstance(rnn, TupleCell):
+        return [(H,), (2,)]
+    return [(H,)]
+
+
+def reference(rnn, x, is_first, h0, reset_state):
+    """Per-step loop: replace the state where is_first, then one native step."""
+    stacked = isinstance(rnn, nn.RNNBase)
+    state = list(h0)
+    ys = []
+    for t in range(x.shape[1]):
+        for i, s in enumerate(state):
+            m = is_first[:, t].reshape(-1, *([1] * (s.dim() - 1)))
+            state[i] = torch.where(m, reset_state[i][:, t], s)
+        if stacked:  # the whole stack for one step, native layout [layers, B, H]
+            native = tuple(s.transpose(0, 1).contiguous() for s in state)
+            x_t = x[:, t : t + 1] if rnn.batch_first else x[:, t].unsqueeze(0)
+            y, new = rnn(x_t, native[0] if len(native) == 1 else native)
+            new = (new,) if isinstance(new, torch.Tensor) else new
+            state = [s.transpose(0, 1) for s in new]
+            ys.append(y.reshape(x.shape[0], -1))
+        else:
+            new = rnn(x[:, t], state[0] if len(state) == 1 else tuple(state))
+            state = [new] if isinstance(new, torch.Tensor) else list(new)
+            ys.append(state[0])
+    return torch.stack(ys, 1), state
+
+
+def random_flags():
+    is_first = torch.rand(B, T) < 0.25
+    is_first[0, 0] = True  # reset at t = 0
+    is_first[1, 3:5] = True  # consecutive resets
+    is_first[2, 0] = False
+    return is_first
+
+
+def loss_of(y, h_last):
+    torch.manual_seed(1)
+    total = (y * torch.randn(y.shape)).sum()  # randn_like would follow the strides
+    for h in h_last:
+        total = total + (h * torch.randn(h.shape)).sum()
+    return total
+
+
+def grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+# --------------------------------------------------------------------------- backends
+CASES = [
+    ("gru2", "loop"), ("gru2", "packed"),
+    ("lstm2", "loop"), ("lstm2", "packed"),
+    ("lstm_proj", "loop"), ("lstm_proj", "packed"),
+    ("grucell", "loop"), ("lstmcell", "loop"), ("tuplecell", "loop"),
+    ("mingru", "loop"), ("mingru", "scan"),
+]
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["zeros", "stored"])
+@pytest.mark.parametrize("kind,backend", CASES)
+def test_backend_matches_reference(kind, backend, stored):
+    rnn = make_rnn(kind)
+    shapes = state_shapes(rnn)
+    x = torch.randn(B, T, F, requires_grad=True)
+    h0 = tuple(torch.randn(B, *s, requires_grad=True) for s in shapes)
+    if stored:
+        resets = tuple(torch.randn(B, T, *s, requires_grad=True) for s in shapes)
+    else:
+        resets = tuple(torch.zeros(B, T, *s) for s in shapes)
+    is_first = random_flags()
+    leaves = [x, *h0, *list(rnn.parameters())] + ([*resets] if stored else [])
+
+    y_ref, h_ref = reference(rnn, x, is_first, h0, resets)
+    g_ref = grads(loss_of(y_ref, h_ref), leaves)
+
+    pack = (lambda s: s) if len(shapes) > 1 else (lambda s: s[0])
+    y, h_last = rnn_with_resets(
+        rnn, x, is_first.unsqueeze(-1), pack(h0), pack(resets) if stored else None, backend=backend
+    )
+    h_last = h_last if len(shapes) > 1 else (h_last,)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=0)
+    for h, r in zip(h_last, h_ref):
+        torch.testing.assert_close(h, r, atol=1e-5, rtol=0)
+    for g, r in zip(grads(loss_of(y, h_last), leaves), g_ref):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+
+
+def test_no_gradient_through_a_reset():
+    rnn = nn.GRU(F, H, batch_first=True)
+    x = torch.randn(1, 4, F, requires_grad=True)
+    is_first = torch.tensor([[0, 0, 1, 0]])
+    y, _ = rnn_with_resets(rnn, x, is_first)
+    (grad,) = torch.autograd.grad(y[:, 2:].sum(), x)
+    assert grad[:, :2].abs().sum() == 0 and grad[:, 2:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["loop", "scan"])
+def test_accumulator_by_hand(backend):
+    x = torch.tensor([[1.0, 1, 1, 2, 2], [1, 1, 1, 1, 1]]).unsqueeze(-1)
+    is_first = torch.tensor([[0, 0, 0, 1, 0], [1, 0, 1, 0, 0]], dtype=torch.bool)
+    y, h_last = rnn_with_resets(Accumulator(), x, is_first, backend=backend)
+    assert y.squeeze(-1).tolist() == [[1, 2, 3, 2, 4], [1, 2, 1, 2, 3]]
+    assert h_last.squeeze(-1).tolist() == [4, 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
+def test_integer_flags_reset_only_the_flagged_row(dtype):
+    rnn = nn.GRU(F, H, batch_first=True)
+    x = torch.randn(4, 3, F)
+    h0 = torch.randn(4, 1, H)
+    is_first = torch.zeros(4, 3, dtype=dtype)
+    is_first[:, 1] = torch.tensor([0, 0, 1, 0]).to(dtype)  # read as flags, never as an index
+    y, _ = rnn_with_resets(rnn, x, is_first, h0)
+    y_carry, _ = rnn_with_resets(rnn, x, torch.zeros(4, 3), h0)
+    y_fresh, _ = rnn_with_resets(rnn, x[:, 1:], torch.zeros(4, 2))
+    torch.testing.assert_close(y[[0, 1, 3]], y_carry[[0, 1, 3]])
+    torch.testing.assert_close(y[2, 1:], y_fresh[2])
+    assert not torch.allclose(y[2, 1:], y_carry[2, 1:])
+
+
+def test_auto_picks_scan_for_linear_recurrences_and_loop_on_cpu():
+    device = torch.device("cpu")
+    assert recurrent._pick_backend(MinGRUCell(F, H), device) == "scan"
+    assert recurrent._pick_backend(nn.GRU(F, H), device) == "loop"
+    assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda")) == "packed"
+
+
+def test_under_no_grad():
+    rnn = nn.LSTM(F, H, batch_first=True)
+    x, is_first = torch.randn(B, T, F), random_flags()
+    y_ref, _ = rnn_with_resets(rnn, x, is_first, backend="loop")
+    for backend in ("loop", "packed"):
+        with torch.no_grad():
+            y, (h, c) = rnn_with_resets(rnn, x, is_first, backend=backend)
+        assert y.grad_fn is None and h.grad_fn is None
+        torch.testing.assert_close(y, y_ref.detach(), atol=1e-6, rtol=0)
+    module = ResetRNN(MinGRUCell(F, H))
+    with torch.no_grad():
+        out = module(TensorDict({"embed": x, "is_first": is_first}, [B, T]))
+    assert out["features"].grad_fn is None and module._carry[0].shape == (B, H)
+
+
+# --------------------------------------------------------------------------- errors
+def test_bad_inputs_raise_clear_errors():
+    gru = nn.GRU(F, H, batch_first=True)
+    x = torch.randn(B, T, F)
+    with pytest.raises(ValueError, match="is_first"):
+        rnn_with_resets(gru, x, torch.zeros(B, T, 2))
+    with pytest.raises(ValueError, match="x must be"):
+        rnn_with_resets(gru, x[0], torch.zeros(T))
+    with pytest.raises(ValueError, match="h0"):
+        rnn_with_resets(gru, x, torch.zeros(B, T), torch.zeros(1, B, H))
+    with pytest.raises(ValueError, match="reset_state"):
+        rnn_with_resets(gru, x, torch.zeros(B, T), None, torch.zeros(B, T, H))
+    with pytest.raises(ValueError, match="backend"):
+        rnn_with_resets(gru, x, torch.zeros(B, T), backend="fast")
+    with pytest.raises(TypeError, match="linear_coefficients"):
+        rnn_with_resets(gru, x, torch.zeros(B, T), backend="scan")
+    with pytest.raises(TypeError, match="packed"):
+        rnn_with_resets(nn.GRUCell(F, H), x, torch.zeros(B, T), backend="packed")
+    with pytest.raises(ValueError, match="bidirectional"):
+        rnn_with_resets(nn.GRU(F, H, bidirectional=True), x, torch.zeros(B, T))
+    with pytest.raises(TypeError, match="nn.GRU, nn.LSTM"):
+        ResetRNN(nn.RNN(F, H))
+    with pytest.raises(ValueError, match="state_shape"):
+        ResetRNN(TupleCell(F, H, 2))
+    with pytest.raises(ValueError, match="initial_state"):
+        ResetRNN(gru, initial_state="random")
+
+
+# --------------------------------------------------------------------------- ResetRNN
+def chunk(x, is_first, **extra):
+    return TensorDict({"embed": x, "is_first": is_first.unsqueeze(-1), **extra}, x.shape[:2])
+
+
+@pytest.mark.parametrize("reset_at_start", [False, True])
+@pytest.mark.parametrize("kind", ["gru2", "lstm2", "mingru"])
+def test_carry_equals_one_long_call(kind, reset_at_start):
+    rnn = make_rnn(kind)
+    x, is_first = torch.randn(B, 2 * T, F), torch.rand(B, 2 * T) < 0.1
+    is_first[:, T] = reset_at_start
+    whole = ResetRNN(rnn)
+    y_whole = whole(chunk(x, is_first))["features"]
+    split = ResetRNN(rnn)
+    y_first = split(chunk(x[:, :T], is_first[:, :T]))["features"]
+    saved = split.state_dict()
+    y_second = split(chunk(x[:, T:], is_first[:, T:]))["features"]
+    torch.testing.assert_close(torch.cat([y_first, y_second], 1), y_whole)
+    for c_split, c_whole in zip(split._carry, whole._carry):
+        torch.testing.assert_close(c_split, c_whole)
+        assert c_split.grad_fn is None  # truncated BPTT
+
+    resumed = ResetRNN(rnn)
+    resumed.load_state_dict(saved)
+    torch.testing.assert_close(resumed(chunk(x[:, T:], is_first[:, T:]))["features"], y_second)
+
+
+def test_carry_off_starts_every_call_fresh_and_reset_carry_by_row():
+    rnn = nn.GRU(F, H, batch_first=True)
+    x, no_reset = torch.randn(B, T, F), torch.zeros(B, T, dtype=torch.bool)
+    fresh = rnn_with_resets(rnn, x, no_reset)[0]
+    module = ResetRNN(rnn, carry=False)
+    module(chunk(x, no_reset))
+    torch.testing.assert_close(module(chunk(x, no_reset))["features"], fresh)
+    assert module._carry is None
+
+    module = ResetRNN(rnn)
+    module(chunk(x, no_reset))
+    module.reset_carry(torch.tensor([1, 0, 0, 0, 1]))
+    y = module(chunk(x, no_reset))["features"]
+    torch.testing.assert_close(y[[0, 4]], fresh[[0, 4]])
+    assert not torch.allclose(y[1:4], fresh[1:4])
+    module.reset_carry()
+    torch.testing.assert_close(module(chunk(x, no_reset))["features"], fresh)
+
+
+def test_batch_change_needs_resets_or_reset_carry():
+    module = ResetRNN(nn.GRU(F, H, batch_first=True))
+    module(chunk(torch.randn(B, T, F), torch.zeros(B, T, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="reset_carry"):
+        module(chunk(torch.randn(3, T, F), torch.zeros(3, T, dtype=torch.bool)))
+    starts = torch.zeros(3, T, dtype=torch.bool)
+    starts[:, 0] = True
+    assert module(chunk(torch.randn(3, T, F), starts))["features"].shape == (3, T, H)
+
+
+def test_leading_batch_dims_are_rows():
+    rnn = nn.GRU(F, H, batch_first=True)
+    x, is_first = torch.randn(2, 3, T, F), torch.rand(2, 3, T) < 0.2
+    td = TensorDict({"embed": x, "is_first": is_first}, [2, 3, T])
+    y = ResetRNN(rnn, carry=False)(td)["features"]
+    y_ref, _ = rnn_with_resets(rnn, x.reshape(6, T, F), is_first.reshape(6, T))
+    torch.testing.assert_close(y, y_ref.reshape(2, 3, T, H))
+
+
+def test_learned_initial_state_is_used_at_resets_and_trained():
+    module = ResetRNN(nn.GRUCell(F, H), initial_state="learned", carry=False)
+    with torch.no_grad():
+        module.initial[0].copy_(torch.randn(H))
+    x, is_first = torch.randn(B, T, F), random_flags()
+    y = module(chunk(x, is_first))["features"]
+    start = module.initial[0].detach().expand(B, T, H)
+    y_ref, _ = reference(module.rnn, x, is_first, (start[:, 0],), (start,))
+    torch.testing.assert_close(y, y_ref)
+    (grad,) = torch.autograd.grad(y.sum(), module.initial[0])
+    assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["gru2", "lstm2", "tuplecell"])
+def test_step_mode_writes_used_and_next_state_and_matches_sequence_mode(kind):
+    rnn = make_rnn(kind)
+    shape = ((H,), (2,)) if kind == "tuplecell" else None
+    module = ResetRNN(rnn, state_shape=shape, carry=False)
+    if kind == "lstm2":
+        assert module.state_keys == [("recurrent_state", "h"), ("recurrent_state", "c")]
+    next_keys = [k for k in module.out_keys if isinstance(k, tuple) and k[0] == "next"]
+    x, flags = torch.randn(B, T, F), random_flags()
+    flags[:, 0] = flags[:, 3] = True
+    outputs, previous = [], None
+    for t in range(T):
+        td = TensorDict({"embed": x[:, t], "is_first": flags[:, t, None]}, [B])
+        if previous is not None:  # what step_mdp does: the next state becomes the root state
+            for key, value in zip(module.state_keys, previous):
+                td.set(key, torch.randn_like(value) if t == 3 else value)  # t = 3 resets all
+        td = module(td)
+        reset = flags[:, t]
+        for i, key in enumerate(module.state_keys):
+            used = td.get(key)
+            assert used[reset].abs().sum() == 0  # reset rows used the zero state
+            if previous is not None:
+                torch.testing.assert_close(used[~reset], previous[i][~reset])
+        previous = [td.get(k) for k in next_keys]
+        outputs.append(td["features"])
+    y_seq = module(chunk(x, flags))["features"]
+    torch.testing.assert_close(torch.stack(outputs, 1), y_seq)
+
+
+def test_step_mode_without_state_or_batch_dims():
+    module = ResetRNN(nn.LSTMCell(F, H))
+    td = module(TensorDict({"embed": torch.randn(F)}, []))
+    assert td["features"].shape == (H,)
+    assert td["recurrent_state", "h"].abs().sum() == 0  # no state in the input: zeros
+    assert td["next", "recurrent_state", "c"].shape == (H,)
+
+
+def test_reset_state_from_the_batch_reproduces_the_rollout():
+    """Windows of 4 slots with stored memory at each window start reproduce the rollout."""
+    rnn = nn.GRU(F, H, num_layers=2, batch_first=True)
+    actor = ResetRNN(rnn)
+    steps = 12
+    x, is_first = torch.randn(2, steps, F), torch.zeros(2, steps, dtype=torch.bool)
+    is_first[:, 0] = True
+    is_first[0, 6] = True
+    stored, outputs = [], []
+    state = None
+    with torch.no_grad():
+        for t in range(steps):
+            td = TensorDict({"embed": x[:, t], "is_first": is_first[:, t, None]}, [2])
+            if state is not None:
+                td["recurrent_state"] = state
+            td = actor(td)
+            stored.append(td["recurrent_state"])
+            outputs.append(td["features"])
+            state = td["next", "recurrent_state"]
+    stored, outputs = torch.stack(stored, 1), torch.stack(outputs, 1)  # [2, steps, 2, H]
+
+    width = 4
+    starts = range(steps - width + 1)
+    windows = TensorDict(
+        {
+            "embed": torch.stack([x[:, s : s + width] for s in starts], 1).flatten(0, 1),
+            "is_first": torch.stack([is_first[:, s : s + width] for s in starts], 1).flatten(0, 1),
+            "recurrent_state": torch.stack([stored[:, s : s + width] for s in starts], 1).flatten(0, 1),
+        },
+        [2 * len(starts), width],
+    )
+    windows["is_first"][:, 0] = True  # every window starts from its stored memory
+    expected = torch.stack([outputs[:, s : s + width] for s in starts], 1).flatten(0, 1)
+    learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False)
+    torch.testing.assert_close(learner(windows.clone())["features"], expected)
+    zero_start = ResetRNN(rnn, carry=False)(windows.clone())["features"]
+    assert not torch.allclose(zero_start, expected, atol=1e-4)  # memory matters here
+
+
+def test_primer_with_a_torchrl_env():
+    from torchrl.envs import GymEnv, InitTracker, SerialEnv, TransformedEnv
+
+    module = ResetRNN(nn.GRU(4, 8, batch_first=True), carry=False)
+    env = TransformedEnv(SerialEnv(2, lambda: GymEnv("CartPole-v1")), InitTracker(init_key="is_first"))
+    env.append_transform(module.make_tensordict_primer())
+    assert env.full_state_spec["recurrent_state"].shape == (2, 1, 8)
+    policy = TensorDictSequential(
+        TensorDictModule(nn.Linear(4, 4), in_keys=["observation"], out_keys=["embed"]),
+        module,
+        TensorDictModule(
+            lambda f: nn.functional.one_hot((f[..., 0] > 0).long(), 2),
+            in_keys=["features"], out_keys=["action"],
+        ),
+    )
+    env.set_seed(0)
+    with torch.no_grad():
+        rollout = env.rollout(40, policy, break_when_any_done=False)
+    starts = rollout["is_first"].squeeze(-1)
+    assert starts[:, 0].all() and starts[:, 1:].any(), "the rollout must cross an episode end"
+    state = rollout["recurrent_state"]
+    assert state[starts].abs().sum() == 0
+    carried = ~starts[:, 1:]
+    torch.testing.assert_close(state[:, 1:][carried], rollout["next", "recurrent_state"][:, :-1][carried])
+    with torch.no_grad():
+        replay = module(rollout.exclude("features").clone())["features"]
+    torch.testing.assert_close(replay, rollout["features"])
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(recurrent)
+    assert result.attempted > 0 and result.failed == 0
