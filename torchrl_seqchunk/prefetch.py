@@ -57,7 +57,7 @@ class ChunkPrefetcher:
         ...     storage=LazyTensorStorage(100), sampler=StreamChunkSampler(2, 3), batch_size=6
         ... )
         >>> done = (torch.arange(20) % 5 == 4).unsqueeze(-1)
-        >>> rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
         >>> with ChunkPrefetcher(rb.sample, depth=2) as chunks:
         ...     for _, chunk in zip(range(3), chunks):
         ...         print(chunk.batch_size)

@@ -249,7 +249,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         ...     batch_size=4,
         ... )
         >>> done = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
-        >>> rb.extend(TensorDict({"obs": torch.arange(8), ("next", "done"): done}, [8]))
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(8), ("next", "done"): done}, [8]))
         >>> chunk = rb.sample()
         >>> chunk.batch_size
         torch.Size([1, 4])
