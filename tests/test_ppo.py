@@ -1,0 +1,299 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from tensordict.nn import (
+    ProbabilisticTensorDictModule,
+    ProbabilisticTensorDictSequential,
+    TensorDictModule,
+    TensorDictModuleBase,
+    TensorDictSequential,
+)
+from torch import nn
+
+from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows
+
+OBS, HIDDEN, ACTIONS = 3, 5, 3
+MEMORY = ["actor_state", "critic_state"]
+
+
+class StoredMemoryGRU(TensorDictModuleBase):
+    """A minimal module honouring the window contract: memory := stored memory where is_first."""
+
+    def __init__(self, cell, *, out_key, state_key, is_first_key):
+        super().__init__()
+        self.cell = cell
+        self.in_keys = ["obs", is_first_key, state_key]
+        self.out_keys = [out_key]
+
+    def forward(self, td):
+        x, is_first, stored = (td.get(key) for key in self.in_keys)
+        h, out = torch.zeros_like(stored[:, 0]), []
+        for t in range(td.shape[-1]):
+            h = self.cell(x[:, t], torch.where(is_first[:, t], stored[:, t], h))
+            out.append(h)
+        td.set(self.out_keys[0], torch.stack(out, 1))
+        return td
+
+
+def make_agent(backbone, is_first_key="is_first"):
+    """Actor and critic with their own GRUCell memory ("actor_state", "critic_state")."""
+    cells = {name: nn.GRUCell(OBS, HIDDEN) for name in ("actor", "critic")}
+
+    def recurrent(name):
+        if backbone == "ResetRNN":
+            return ResetRNN(
+                cells[name], in_key="obs", out_key=f"{name}_h", state_key=f"{name}_state",
+                reset_state_key=f"{name}_state", carry=False, is_first_key=is_first_key,
+            )
+        return StoredMemoryGRU(
+            cells[name], out_key=f"{name}_h", state_key=f"{name}_state", is_first_key=is_first_key
+        )
+
+    heads = {"actor": nn.Linear(HIDDEN, ACTIONS), "critic": nn.Linear(HIDDEN, 1)}
+    actor = ProbabilisticTensorDictSequential(
+        recurrent("actor"),
+        TensorDictModule(heads["actor"], ["actor_h"], ["logits"]),
+        ProbabilisticTensorDictModule(
+            ["logits"], ["action"], distribution_class=torch.distributions.Categorical,
+            return_log_prob=True,
+        ),
+    )
+    critic = TensorDictSequential(
+        recurrent("critic"), TensorDictModule(heads["critic"], ["critic_h"], ["state_value"])
+    )
+    return actor, critic, cells, heads
+
+
+def make_rollout(lengths_per_row, *, advantage=None, seed=0):
+    """[num_envs, T] rollout; row e concatenates episodes of the given lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    num_envs, steps = len(lengths_per_row), sum(lengths_per_row[0])
+    done = torch.zeros(num_envs, steps, 1, dtype=torch.bool)
+    for e, lengths in enumerate(lengths_per_row):
+        done[e, torch.tensor(lengths).cumsum(0) - 1] = True
+    if advantage is None:
+        advantage = torch.randn(num_envs, steps, 1, generator=gen)
+    return TensorDict(
+        {
+            "step": torch.arange(num_envs * steps).view(num_envs, steps),
+            "obs": torch.randn(num_envs, steps, OBS, generator=gen),
+            "action": torch.randint(ACTIONS, (num_envs, steps), generator=gen),
+            "action_log_prob": -1.1 + 0.3 * torch.randn(num_envs, steps, generator=gen),
+            "actor_state": torch.randn(num_envs, steps, HIDDEN, generator=gen),
+            "critic_state": torch.randn(num_envs, steps, HIDDEN, generator=gen),
+            "advantage": advantage,
+            "value_target": torch.randn(num_envs, steps, 1, generator=gen),
+            ("next", "done"): done,
+            ("next", "terminated"): done.clone(),
+        },
+        batch_size=[num_envs, steps],
+    )
+
+
+def reference_slots(rollout, window, cells, heads, *, clip=0.2, entropy_coeff=0.01):
+    """Independent per-step loop over every window of every row, in make_windows' order.
+
+    Memory starts from the stored value and is set back to the stored value after
+    every done step. Returns per-slot terms [N, W] plus the mask and count bookkeeping.
+    """
+    num_envs, steps = rollout.batch_size
+    done = rollout["next", "done"].squeeze(-1)
+    count = torch.zeros(steps)
+    for start in range(steps - window + 1):
+        count[start:start + window] += 1
+    rows = {key: [] for key in ("log_prob", "objective", "entropy", "critic", "kept", "weight")}
+    for e in range(num_envs):
+        for start in range(steps - window + 1):
+            slot = {key: [] for key in rows}
+            kept = True
+            for t in range(start, start + window):
+                if t == start or done[e, t - 1]:
+                    h_actor = rollout["actor_state"][e, t]
+                    h_critic = rollout["critic_state"][e, t]
+                    kept = kept and t == start
+                obs = rollout["obs"][e, t].unsqueeze(0)
+                h_actor = cells["actor"](obs, h_actor.unsqueeze(0)).squeeze(0)
+                h_critic = cells["critic"](obs, h_critic.unsqueeze(0)).squeeze(0)
+                dist = torch.distributions.Categorical(logits=heads["actor"](h_actor))
+                log_prob = dist.log_prob(rollout["action"][e, t])
+                ratio = (log_prob - rollout["action_log_prob"][e, t]).exp()
+                adv = rollout["advantage"][e, t, 0]
+                slot["log_prob"].append(log_prob)
+                slot["objective"].append(-torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv))
+                slot["entropy"].append(-entropy_coeff * dist.entropy())
+                slot["critic"].append(
+                    F.smooth_l1_loss(heads["critic"](h_critic)[0], rollout["value_target"][e, t, 0])
+                )
+                slot["kept"].append(kept)
+                slot["weight"].append(1.0 / count[t])
+            for key in rows:
+                rows[key].append(torch.stack(slot[key]) if key != "kept" else torch.tensor(slot[key]))
+    return {key: torch.stack(value) for key, value in rows.items()}
+
+
+def reduce_reference(ref, mode):
+    terms = {name: ref[name] for name in ("objective", "critic", "entropy")}
+    if mode == "reset_continue":
+        return {name: value.mean() for name, value in terms.items()}
+    if mode == "mask":
+        return {name: (value * ref["kept"]).sum() / value.numel() for name, value in terms.items()}
+    w = ref["weight"]
+    return {name: (value * w).sum() / w.sum() for name, value in terms.items()}
+
+
+@pytest.mark.parametrize("backbone", ["contract", "ResetRNN"])
+@pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
+def test_matches_per_step_reference(backbone, mode):
+    actor, critic, cells, heads = make_agent(backbone)
+    rollout = make_rollout([[3, 5, 4], [6, 2, 4]])
+    windows = make_windows(rollout, 4, memory_key=MEMORY)
+    loss = RecurrentPPOLoss(actor, critic, boundary_mode=mode)
+    params = [p for module in (*cells.values(), *heads.values()) for p in module.parameters()]
+
+    ref = reference_slots(rollout, 4, cells, heads)
+    expected = reduce_reference(ref, mode)
+    out = loss(windows)
+
+    log_prob = actor.get_dist(windows.clone()).log_prob(windows["action"])
+    torch.testing.assert_close(log_prob, ref["log_prob"], atol=1e-5, rtol=1e-5)
+    for name, value in expected.items():
+        torch.testing.assert_close(out[f"loss_{name}"], value, atol=1e-5, rtol=1e-5)
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    grads = torch.autograd.grad(total, params)
+    ref_grads = torch.autograd.grad(sum(expected.values()), params)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-5)
+    real = ref["kept"] if mode == "mask" else torch.ones_like(ref["kept"])
+    assert out["real_slots"].item() == real.sum().item()
+    torch.testing.assert_close(out["real_mean_objective"], ref["objective"][real].mean())
+    torch.testing.assert_close(out["mean_count_weight"], ref["weight"][real].mean())
+
+
+def test_stored_memory_stops_gradient_at_boundaries():
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[2, 4]]), 6, memory_key=MEMORY)
+    windows["obs"].requires_grad_(True)
+    loss = RecurrentPPOLoss(actor, critic, entropy_bonus=False, critic_coeff=0.0)
+    out = loss(windows)
+    (obs_grad,) = torch.autograd.grad(out["loss_objective"], windows["obs"])
+    # perturbing the first episode's inputs cannot change the second episode's terms
+    per_slot = RecurrentPPOLoss(actor, critic, reduction="none", entropy_bonus=False, critic_coeff=0.0)
+    second = per_slot(windows)["loss_objective"][0, 2:].sum()
+    (second_grad,) = torch.autograd.grad(second, windows["obs"])
+    assert obs_grad[0, :2].abs().sum() > 0
+    assert second_grad[0, :2].abs().sum() == 0
+
+
+def with_current_log_prob(windows, actor):
+    """Stores the current policy's log-probs, so that every ratio is exactly 1."""
+    with torch.no_grad():
+        windows["action_log_prob"] = actor.get_dist(windows.clone()).log_prob(windows["action"])
+    return windows
+
+
+def contributions(mode, lengths, window):
+    """Per step of the rollout: number of windows where it trains, and its total weight."""
+    actor, critic, _, _ = make_agent("contract")
+    rollout = make_rollout([lengths], advantage=torch.ones(1, sum(lengths), 1))
+    windows = with_current_log_prob(make_windows(rollout, window, memory_key=MEMORY), actor)
+    loss = RecurrentPPOLoss(
+        actor, critic, boundary_mode=mode, reduction="none", entropy_bonus=False
+    )
+    per_slot = -loss(windows)["loss_objective"]  # weight of each slot (advantage 1, ratio 1)
+    steps = windows["step"].reshape(-1)
+    count = torch.zeros(sum(lengths)).index_add_(0, steps, (per_slot != 0).float().reshape(-1))
+    total = torch.zeros(sum(lengths)).index_add_(0, steps, per_slot.reshape(-1).detach())
+    return count.long().tolist(), total
+
+
+def test_counts_per_step():
+    lengths, window = [5, 7, 4], 4
+    within_k = [k for length in lengths for k in range(length)]
+    mask_count, _ = contributions("mask", lengths, window)
+    assert mask_count == [1, 2, 3, 4, 4, 1, 2, 3, 4, 4, 4, 4, 1, 1, 1, 1]
+    # min(k + 1, W) away from the rollout end (the last W - 1 steps lie in fewer windows)
+    assert mask_count[:-3] == [min(k + 1, window) for k in within_k][:-3]
+    continue_count, continue_total = contributions("reset_continue", lengths, window)
+    assert continue_count == [1, 2, 3] + [4] * 10 + [3, 2, 1]
+    assert continue_total.tolist() == continue_count
+    inverse_count, inverse_total = contributions("inverse_count", lengths, window)
+    assert inverse_count == continue_count
+    torch.testing.assert_close(inverse_total, torch.ones(16))
+
+
+def policy_losses(mode, lengths, advantage):
+    actor, critic, _, _ = make_agent("contract")
+    rollout = make_rollout([lengths, lengths], advantage=advantage)
+    windows = with_current_log_prob(make_windows(rollout, 4, memory_key=MEMORY), actor)
+    out = RecurrentPPOLoss(actor, critic, boundary_mode=mode)(windows)
+    return out["loss_objective"].item(), out["real_mean_objective"].item()
+
+
+def test_policy_loss_does_not_scale_with_episode_length():
+    # same per-step advantages, episodes of length 3 vs 12
+    advantage = torch.randn(2, 24, 1)
+    short = policy_losses("reset_continue", [3] * 8, advantage)
+    long = policy_losses("reset_continue", [12] * 2, advantage)
+    assert short == pytest.approx(long, abs=1e-6)
+    # the mask baseline with advantage 1: kept slots / all slots, by hand
+    # length 3: windows keep 3, 2, 1 slots in turn (42 of 84 per row); length 12: 78 of 84
+    ones = torch.ones(2, 24, 1)
+    assert policy_losses("mask", [3] * 8, ones)[0] == pytest.approx(-0.5)
+    assert policy_losses("mask", [12] * 2, ones)[0] == pytest.approx(-78 / 84)
+    assert policy_losses("reset_continue", [3] * 8, ones)[0] == pytest.approx(-1.0)
+    assert policy_losses("reset_continue", [12] * 2, ones)[0] == pytest.approx(-1.0)
+    # averaged over real slots only, every mode logs the same value
+    for mode in ("mask", "inverse_count"):
+        for lengths in ([3] * 8, [12] * 2):
+            assert policy_losses(mode, lengths, ones)[1] == pytest.approx(-1.0)
+
+
+def test_torchrl_options_still_work():
+    actor, critic, cells, heads = make_agent("contract")
+    rollout = make_rollout([[3, 5, 4]])
+    windows = make_windows(rollout, 4, memory_key=MEMORY)
+    windows["state_value"] = torch.randn(9, 4, 1)
+    ref = reference_slots(rollout, 4, cells, heads, clip=0.1, entropy_coeff=0.05)
+    loss = RecurrentPPOLoss(
+        actor, critic, reduction="sum", clip_epsilon=0.1, entropy_coeff=0.05,
+        critic_coeff=0.5, clip_value=0.3,
+    )
+    out = loss(windows)
+    torch.testing.assert_close(out["loss_objective"], ref["objective"].sum(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["loss_entropy"], ref["entropy"].sum(), atol=1e-5, rtol=1e-5)
+    assert "value_clip_fraction" in out.keys()
+    assert set(loss.out_keys) >= {"loss_critic", "real_slots", "real_mean_critic", "mean_count_weight"}
+    assert {"is_first", "count_weight"} <= set(loss.in_keys)
+
+
+def test_custom_keys():
+    actor, critic, cells, heads = make_agent("ResetRNN", is_first_key="is_init")
+    rollout = make_rollout([[3, 5, 4]])
+    windows = make_windows(
+        rollout, 4, memory_key=MEMORY, is_first_key="is_init", count_weight_key=("w", "count")
+    )
+    loss = RecurrentPPOLoss(
+        actor, critic, boundary_mode="inverse_count", is_first_key="is_init",
+        count_weight_key=("w", "count"),
+    )
+    expected = reduce_reference(reference_slots(rollout, 4, cells, heads), "inverse_count")
+    torch.testing.assert_close(loss(windows)["loss_objective"], expected["objective"], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_input():
+    actor, critic, _, _ = make_agent("contract")
+    windows = make_windows(make_rollout([[3, 5]]), 4, memory_key=MEMORY)
+    with pytest.raises(ValueError, match="boundary_mode must be one of.*'masked'"):
+        RecurrentPPOLoss(actor, critic, boundary_mode="masked")
+    loss = RecurrentPPOLoss(actor, critic)
+    with pytest.raises(ValueError, match="advantage_key='advantage' is not in the windows; run boundary_gae"):
+        loss(windows.exclude("advantage"))
+    with pytest.raises(ValueError, match="count_weight_key='count_weight' is not in the windows"):
+        loss(windows.exclude("count_weight"))
+    with pytest.raises(ValueError, match=r"batch_size=\(20,\).*expects windows \[N, W\]"):
+        loss(windows.reshape(-1))
+    float_flags = windows.clone()
+    float_flags["is_first"] = float_flags["is_first"].float()
+    with pytest.raises(TypeError, match="is_first_key='is_first' has dtype torch.float32"):
+        loss(float_flags)

@@ -1,0 +1,236 @@
+"""Clipped PPO for recurrent policies trained on windows that cross episode boundaries."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import dispatch
+from tensordict.utils import NestedKey
+from torchrl.objectives import ClipPPOLoss
+
+BOUNDARY_MODES = ("reset_continue", "mask", "inverse_count")
+
+
+class RecurrentPPOLoss(ClipPPOLoss):
+    """TorchRL's clipped PPO loss unrolled over windows ``[N, W]`` of a recurrent actor and critic.
+
+    The actor and critic are called once on the whole window TensorDict ``[N, W]``
+    (time last). Their recurrent part must honour the per-slot reset flag
+    ``is_first`` and take the stored memory at reset slots: with
+    :class:`~torchrl_seqchunk.ResetRNN`, build it with ``reset_state_key`` equal to
+    its ``state_key`` and ``carry=False``. Windows come from
+    :func:`~torchrl_seqchunk.make_windows`, after
+    :func:`~torchrl_seqchunk.boundary_gae` wrote advantages and value targets on the
+    rollout (the loss does not estimate them itself: window ends would otherwise be
+    bootstrapped by a critic that lacks their memory).
+
+    ``boundary_mode`` chooses which slots train and how the ``"loss_*"`` entries are
+    reduced (``reduction="mean"``; ``"sum"`` drops the denominator, ``"none"`` returns
+    the weighted per-slot terms ``[N, W]``):
+
+    * ``"reset_continue"`` (default): at every reset slot the memory is the stored
+      one (no gradient crosses the boundary) and every slot trains:
+      ``sum(loss) / (N * W)``. A step lands in ``W`` windows (stride 1) except
+      within ``W - 1`` steps of a rollout end, whatever its episode's length.
+    * ``"mask"``: the usual baseline. Slots after the first boundary inside a window
+      (the first reset slot past slot 0) are dropped, and the mean still divides by
+      all ``N * W`` slots, as common implementations do; so a step ``k`` steps into
+      its episode trains in ``min(k + 1, W)`` windows and the loss shrinks with
+      shorter episodes.
+    * ``"inverse_count"``: every slot trains with weight ``count_weight``
+      (``1 / number of windows holding its step``):
+      ``sum(w * loss) / sum(w)``, each covered step counting once.
+
+    Diagnostics added to the output (detached): ``"real_slots"`` (slots that train,
+    also honouring TorchRL's loss masks such as ``("collector", "mask")``),
+    ``"mean_count_weight"`` (mean ``count_weight`` over them) and, for every
+    ``"loss_<name>"``, ``"real_mean_<name>"``: its plain mean over real slots, which
+    does not depend on episode lengths in any mode. TorchRL's other logging entries
+    (``entropy``, ``clip_fraction``, ``kl_approx``, ``ESS``, ratios) are computed
+    over all slots as in :class:`~torchrl.objectives.ClipPPOLoss`.
+
+    Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
+    "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
+    ICLR 2019, applied at every episode boundary inside a window; PPO is Schulman
+    et al., "Proximal Policy Optimization Algorithms", 2017.
+
+    Args:
+        actor_network (ProbabilisticTensorDictSequential): recurrent policy.
+        critic_network (TensorDictModule): recurrent value network writing
+            ``"state_value"`` ``[N, W, 1]``.
+
+    Keyword Args:
+        boundary_mode (str): ``"reset_continue"``, ``"mask"`` or ``"inverse_count"``.
+        is_first_key (NestedKey): per-slot reset flag, bool ``[N, W, 1]``. Defaults to
+            ``"is_first"`` (also settable with ``set_keys(is_first=...)``).
+        count_weight_key (NestedKey): per-slot count weight, float ``[N, W, 1]``.
+            Defaults to ``"count_weight"`` (``set_keys(count_weight=...)``).
+        **kwargs: every :class:`~torchrl.objectives.ClipPPOLoss` option
+            (``clip_epsilon``, ``entropy_bonus``, ``entropy_coeff``, ``critic_coeff``,
+            ``loss_critic_type``, ``clip_value``, ``normalize_advantage``,
+            ``reduction``, ``functional``, ...), unchanged.
+
+    Raises:
+        ValueError: unknown ``boundary_mode`` (at construction); input that is not
+            ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
+            or entries of the wrong shape (at call time).
+        TypeError: a reset flag that is not bool (at call time).
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule, ProbabilisticTensorDictModule
+        >>> from tensordict.nn import ProbabilisticTensorDictSequential, TensorDictSequential
+        >>> from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows
+        >>> def rnn(key):
+        ...     return ResetRNN(nn.GRUCell(3, 8), in_key="obs", out_key=key + "_h",
+        ...                     state_key=key + "_state", reset_state_key=key + "_state",
+        ...                     carry=False)
+        >>> actor = ProbabilisticTensorDictSequential(
+        ...     rnn("actor"), TensorDictModule(nn.Linear(8, 2), ["actor_h"], ["logits"]),
+        ...     ProbabilisticTensorDictModule(["logits"], ["action"],
+        ...         distribution_class=torch.distributions.Categorical, return_log_prob=True))
+        >>> critic = TensorDictSequential(
+        ...     rnn("critic"), TensorDictModule(nn.Linear(8, 1), ["critic_h"], ["state_value"]))
+        >>> done = torch.zeros(2, 6, 1, dtype=torch.bool)
+        >>> done[:, 2] = True
+        >>> rollout = TensorDict({
+        ...     "obs": torch.randn(2, 6, 3), "action": torch.randint(2, (2, 6)),
+        ...     "action_log_prob": torch.full((2, 6), -0.7),
+        ...     "actor_state": torch.zeros(2, 6, 8), "critic_state": torch.zeros(2, 6, 8),
+        ...     "advantage": torch.randn(2, 6, 1), "value_target": torch.randn(2, 6, 1),
+        ...     ("next", "done"): done}, batch_size=[2, 6])
+        >>> windows = make_windows(rollout, 4, memory_key=["actor_state", "critic_state"])
+        >>> loss = RecurrentPPOLoss(actor, critic, boundary_mode="mask")
+        >>> out = loss(windows)
+        >>> out["real_slots"].item(), windows.numel()  # slots 0..2, 0..1, 0 of each row's windows
+        (12, 24)
+        >>> sum(out[k] for k in out.keys() if k.startswith("loss_")).backward()
+    """
+
+    @dataclass
+    class _AcceptedKeys(ClipPPOLoss._AcceptedKeys):
+        """ClipPPOLoss's keys plus ``is_first`` and ``count_weight`` (see the class docstring)."""
+
+        is_first: NestedKey = "is_first"
+        count_weight: NestedKey = "count_weight"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+
+    def __init__(
+        self,
+        actor_network=None,
+        critic_network=None,
+        *,
+        boundary_mode: str = "reset_continue",
+        is_first_key: NestedKey = "is_first",
+        count_weight_key: NestedKey = "count_weight",
+        **kwargs,
+    ):
+        if boundary_mode not in BOUNDARY_MODES:
+            raise ValueError(
+                f"boundary_mode must be one of {BOUNDARY_MODES}, got {boundary_mode!r}."
+            )
+        super().__init__(actor_network, critic_network, **kwargs)
+        self.boundary_mode = boundary_mode
+        self.set_keys(is_first=is_first_key, count_weight=count_weight_key)
+
+    def _set_in_keys(self):
+        super()._set_in_keys()
+        extra = [self.tensor_keys.is_first, self.tensor_keys.count_weight]
+        self._in_keys = list({*self._in_keys, *extra})
+
+    @property
+    def out_keys(self):
+        if self._out_keys is None:
+            keys = list(super().out_keys)
+            diagnostics = [f"real_mean_{key[5:]}" for key in keys if key.startswith("loss_")]
+            self._out_keys = keys + ["real_slots", "mean_count_weight"] + diagnostics
+        return self._out_keys
+
+    @out_keys.setter
+    def out_keys(self, values):
+        self._out_keys = values
+
+    def _reduce_loss(self, loss: torch.Tensor, tensordict: TensorDictBase | None = None):
+        # ClipPPOLoss.forward reduces every "loss_*" entry through this hook; they
+        # are kept per slot here and reduced by boundary mode in forward.
+        return loss
+
+    def _window_entry(self, tensordict: TensorDictBase, name: str) -> torch.Tensor:
+        key = getattr(self.tensor_keys, name)
+        value = tensordict.get(key, None)
+        if value is None:
+            fix = (
+                "run boundary_gae on the rollout before make_windows"
+                if name == "advantage"
+                else "build the windows with make_windows"
+            )
+            raise ValueError(f"{name}_key={key!r} is not in the windows; {fix}.")
+        if value.shape[:2] != tensordict.batch_size or value.shape[2:] not in ((), (1,)):
+            raise ValueError(
+                f"{name}_key={key!r} has shape {tuple(value.shape)}, expected "
+                f"{(*tensordict.batch_size, 1)}."
+            )
+        return value.reshape(tensordict.batch_size)
+
+    def _slots(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checks the windows; returns which slots train (bool) and ``count_weight``, ``[N, W]``."""
+        if tensordict.batch_dims != 2:
+            raise ValueError(
+                f"tensordict has batch_size={tuple(tensordict.batch_size)}; RecurrentPPOLoss "
+                "expects windows [N, W] (time last), e.g. from make_windows."
+            )
+        self._window_entry(tensordict, "advantage")
+        is_first = self._window_entry(tensordict, "is_first")
+        if is_first.dtype != torch.bool:
+            raise TypeError(
+                f"is_first_key={self.tensor_keys.is_first!r} has dtype {is_first.dtype}; "
+                "reset flags must be torch.bool."
+            )
+        count_weight = self._window_entry(tensordict, "count_weight")
+        if self.boundary_mode != "mask":
+            return torch.ones_like(is_first), count_weight
+        # drop every slot from the first reset past slot 0 on
+        crossed = is_first.clone()
+        crossed[:, 0] = False
+        return crossed.cumsum(dim=1) == 0, count_weight
+
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Clipped PPO losses of windows ``[N, W]``, reduced by ``boundary_mode``.
+
+        Returns ClipPPOLoss's output (``"loss_objective"``, ``"loss_critic"``,
+        ``"loss_entropy"``, ... with its ``reduction``) plus ``"real_slots"``,
+        ``"mean_count_weight"`` and ``"real_mean_<name>"`` for every ``"loss_<name>"``.
+        """
+        trains, count_weight = self._slots(tensordict)
+        real = trains
+        for mask_key in self._loss_mask_keys():
+            mask = tensordict.get(mask_key, None)
+            if mask is not None:
+                real = real & mask.reshape(real.shape).bool()
+
+        out = super().forward(tensordict)  # "loss_*" entries per slot, see _reduce_loss
+        for name in [key for key in out.keys() if key.startswith("loss_")]:
+            per_slot = out.get(name)
+            real_slots = self._expand_loss_mask(real, per_slot)
+            out.set(
+                f"real_mean_{name[5:]}",
+                per_slot.detach()[real_slots].mean(),
+            )
+            if self.boundary_mode == "inverse_count":
+                weights = self._expand_loss_mask(count_weight, per_slot)
+                reduced = super()._reduce_loss(per_slot, tensordict, weights=weights)
+            else:
+                # "mask" zeroes the dropped slots but keeps them in the denominator
+                kept = self._expand_loss_mask(trains, per_slot)
+                dropped_zero = torch.where(kept, per_slot, torch.zeros_like(per_slot))
+                reduced = super()._reduce_loss(dropped_zero, tensordict)
+            out.set(name, reduced)
+        out.set("real_slots", real.sum())
+        out.set("mean_count_weight", count_weight[real].mean())
+        return out
