@@ -1,0 +1,359 @@
+"""ResetManager move rule and ReverseCurriculum restores (toy env, SerialEnv, ParallelEnv, Montezuma)."""
+import functools
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv, TransformedEnv
+
+from torchrl_seqchunk import Demo, ResetManager, ReverseCurriculum, record_demo
+
+DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "data" / "montezuma_revenge_demo.npz"
+
+
+# --- ResetManager ---------------------------------------------------------------------------
+def test_move_rule_first_index_reaching_mass():
+    manager = ResetManager(1000, 8, window=32, move_threshold=0.1)  # mass 3.2
+    manager.record(torch.arange(500, 504), torch.ones(4, dtype=torch.bool))
+    assert manager.update() == 503  # cumsum: 1, 2, 3 (< 3.2), 4 at index 503
+
+
+def test_move_rule_nudges_forward_when_mass_never_reached():
+    manager = ResetManager(1000, 8, window=32, nudge=100, maximum=500)
+    manager.record(torch.tensor([500, 496, 492]), torch.zeros(3, dtype=torch.bool))
+    assert manager.update() == 600
+    assert manager.update() == 700
+    manager.maximum = 950
+    assert manager.update() == 999  # capped at the demo's last index
+
+
+def test_move_rule_never_jumps_forward():
+    manager = ResetManager(1000, 8, window=32, maximum=400)
+    manager.record(torch.arange(500, 504), torch.ones(4, dtype=torch.bool))
+    assert manager.update() == 400  # mass reached at 503 > 400: stay
+
+
+def test_success_rate_is_fraction_of_the_batch():
+    manager = ResetManager(1000, 4, window=10, move_threshold=0.1)  # mass 1.0
+    manager.record([700, 700, 700, 700], [True, False, True, True])
+    manager.record([710, 710], [True, True])
+    manager.update()
+    assert manager.rates[700].item() == 0.75  # the last episode alone would give 1.0
+    assert manager.rates[710].item() == 1.0
+    # cumsum 0.75 at 700 (1.0 there would have stopped at 700), 1.75 at 710
+    assert manager.maximum == 710
+    assert manager.last_success_rate == 5 / 6
+    # a new batch overwrites the rate of its points only
+    manager.record([700, 700], [False, False])
+    manager.update()
+    assert manager.rates[700].item() == 0.0 and manager.rates[710].item() == 1.0
+
+
+def test_decay_shrinks_old_rates():
+    manager = ResetManager(100, 2, window=2, decay=0.5)
+    manager.record([50], [True])
+    manager.update()
+    manager.record([60], [True])
+    manager.update()
+    assert manager.rates[50].item() == 0.5 and manager.rates[60].item() == 1.0
+
+
+def test_assign_staggers_below_maximum_and_clamps():
+    manager = ResetManager(1000, 8, window=32, maximum=900)
+    assert manager.assign().tolist() == [900, 896, 892, 888, 884, 880, 876, 872]
+    manager.maximum = 10
+    assert manager.assign().tolist() == [10, 6, 2, 0, 0, 0, 0, 0]
+    assert ResetManager(1000, 3, window=10).assign().tolist() == [999, 996, 993]
+
+
+def test_due_and_state_dict_round_trip():
+    manager = ResetManager(100, 4, update_every=3)
+    manager.record([99, 98], [True, False])
+    assert not manager.due
+    state = manager.state_dict()
+    other = ResetManager(100, 4, update_every=3)
+    other.load_state_dict(state)
+    other.record([97], [True])
+    manager.record([97], [True])
+    assert other.due and manager.due
+    assert other.update() == manager.update()
+    assert torch.equal(other.rates, manager.rates)
+    with pytest.raises(ValueError, match="rates"):
+        ResetManager(50, 4).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"demo_length": 0}, "demo_length"),
+        ({"num_envs": 0}, "num_envs"),
+        ({"window": 0}, "window"),
+        ({"decay": 0.0}, "decay"),
+        ({"move_threshold": 0.0}, "move_threshold"),
+        ({"maximum": 100}, "maximum"),
+    ],
+)
+def test_manager_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ResetManager(**{"demo_length": 100, "num_envs": 4, **kwargs})
+
+
+def test_record_rejects_bad_input():
+    manager = ResetManager(100, 2)
+    with pytest.raises(ValueError, match="same number"):
+        manager.record([1, 2], [True])
+    with pytest.raises(ValueError, match=r"\[0, 99\]"):
+        manager.record([100], [True])
+
+
+# --- a deterministic toy env ---------------------------------------------------------------
+class ChainEnv(gym.Env):
+    """Deterministic: state s <- (3 s + a) mod 1009; obs (s, t); reward 1 for action 2; ends at t = horizon."""
+
+    def __init__(self, horizon: int = 40):
+        self.horizon = horizon
+        self.observation_space = gym.spaces.Box(0, 10_000, shape=(2,), dtype=np.int64)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.s, self.t = int(self.np_random.integers(1009)), 0
+        return np.array([self.s, self.t]), {}
+
+    def step(self, action):
+        self.s, self.t = (3 * self.s + int(action)) % 1009, self.t + 1
+        return np.array([self.s, self.t]), float(action == 2), self.t >= self.horizon, False, {}
+
+
+# reward only in the first 10 steps: from points >= 10 the demo total is already reached
+DEMO_ACTIONS = [2, 0, 1, 2, 2, 1, 0, 2, 1, 2] + [1, 0] * 15
+TOY_SEED = 7
+
+
+def toy_demo() -> Demo:
+    return record_demo(ChainEnv(), DEMO_ACTIONS, seed=TOY_SEED)
+
+
+def make_worker(demo, **kwargs):
+    """Picklable factory: a gymnasium env with the restoring role."""
+    return TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore="replay", **kwargs))
+
+
+def reset_at(env, k):
+    return env.reset(TensorDict({"starting_point": torch.tensor([k])}, []))
+
+
+@pytest.mark.parametrize("k", [0, 1, 9, 23, 39])
+def test_restore_matches_stepping_the_demo(k):
+    demo = toy_demo()
+    env = make_worker(demo)
+    td = reset_at(env, k)
+    reference = ChainEnv()
+    obs, _ = reference.reset(seed=TOY_SEED)
+    score = 0.0
+    for a in DEMO_ACTIONS[:k]:
+        obs, r, *_ = reference.step(a)
+        score += r
+    assert td["observation"].tolist() == obs.tolist()
+    assert td["score"].item() == score == demo.returns[k]
+    assert td["starting_point"].item() == td["demo_index"].item() == k
+    # stepping on from the restore continues the demo exactly
+    for a in DEMO_ACTIONS[k : k + 3]:
+        td = env.step(td.set("action", env.action_spec.encode(a)))
+        obs, r, *_ = reference.step(a)
+        score += r
+        assert td["next", "observation"].tolist() == obs.tolist()
+        assert td["next", "score"].item() == score
+        td = td["next"]
+
+
+def test_user_callable_restore():
+    demo = toy_demo()
+
+    def restore(env, k):
+        env.reset(seed=TOY_SEED)
+        env.unwrapped.s, env.unwrapped.t = 123, k
+        return np.array([123, k])
+
+    env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore=restore))
+    td = reset_at(env, 5)
+    assert td["observation"].tolist() == [123, 5] and td["score"].item() == demo.returns[5]
+
+
+def test_diverging_demo_is_detected_on_first_use():
+    demo = toy_demo()
+    rewards = demo.rewards.copy()
+    rewards[3] = 5.0
+    bad = Demo(demo.actions, rewards, meta=demo.meta)
+    env = make_worker(bad)
+    reset_at(env, 3)  # the first 3 steps agree
+    with pytest.raises(ValueError, match="diverged at step 3"):
+        reset_at(env, 4)
+
+
+def test_lag_and_success_end_the_episode():
+    demo = toy_demo()
+    env = make_worker(demo, max_lag=2)
+    # from 3 the demo earns at steps 3 and 4; playing 0 lags: returns[index - 2] > score at index 6
+    td = reset_at(env, 3)
+    dones = []
+    for _ in range(3):
+        td = env.step(td.set("action", env.action_spec.encode(0)))
+        dones.append(td["next", "truncated"].item())
+        td = td["next"]
+    assert dones == [False, False, True]
+    # playing the demo's actions reaches the total at step 9 -> truncated (success)
+    td = reset_at(env, 7)
+    for a in DEMO_ACTIONS[7:10]:
+        td = env.step(td.set("action", env.action_spec.encode(a)))["next"]
+    assert td["truncated"].item() and td["score"].item() == demo.total
+
+
+def test_single_env_assigns_records_and_moves():
+    demo = toy_demo()
+    manager = ResetManager(len(demo), 1, window=1, move_threshold=1.0, update_every=1)
+    env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, manager, restore="replay"))
+    starts = []
+    for _ in range(4):
+        td = env.reset()
+        starts.append(td["starting_point"].item())
+        td = env.step(td.set("action", env.action_spec.encode(1)))
+        assert td["next", "done"].item() and td["next", "success"].item()  # total already reached
+    # each success moves the maximum to the first index with cumsum >= 1, i.e. the point itself
+    assert starts == [39, 39, 39, 39]
+    assert manager.maximum == 39 and manager.rates[39] == 1.0
+    manager.record([20], [True])
+    manager.update()
+    assert env.reset()["starting_point"].item() == 20
+
+
+def test_assigning_role_needs_restoring_workers():
+    demo = toy_demo()
+    env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, ResetManager(len(demo), 1)))
+    with pytest.raises(ValueError, match="inside every worker"):
+        env.reset()
+
+
+def test_restoring_role_rejects_batched_env():
+    demo = toy_demo()
+    env = TransformedEnv(
+        SerialEnv(2, functools.partial(GymWrapper, ChainEnv())),
+        ReverseCurriculum(demo, ResetManager(len(demo), 2), restore="replay"),
+    )
+    with pytest.raises(TypeError, match="unbatched"):
+        env.reset()
+
+
+@pytest.mark.parametrize("batched", [SerialEnv, ParallelEnv])
+def test_batched_envs_restore_in_workers_and_collector_resets(batched):
+    demo = toy_demo()
+    manager = ResetManager(len(demo), 2, window=4, move_threshold=0.25, update_every=2, nudge=1)
+    env = TransformedEnv(
+        batched(2, functools.partial(make_worker, demo)), ReverseCurriculum(demo, manager)
+    )
+    try:
+        td = env.reset()
+        assert td["starting_point"].squeeze(-1).tolist() == [39, 37]
+        # the worker restored there: the toy obs carries the step index t
+        assert td["observation"][:, 1].tolist() == [39, 37]
+        # after a step, a partial reset gives only env 1 a fresh point
+        td = env.rand_step(td)
+        assert td["next", "starting_point"].squeeze(-1).tolist() == [39, 37]
+        manager.maximum = 30
+        td = env.reset(td["next"].set("_reset", torch.tensor([[False], [True]])))
+        # (rows that did not reset hold placeholders; callers keep their old data there)
+        assert td["starting_point"][1].item() == td["observation"][1, 1].item() == 28
+
+        manager.maximum = len(demo) - 1
+        collector = Collector(env, None, frames_per_batch=40, total_frames=40)
+        data = next(iter(collector))
+        collector.shutdown()
+    finally:
+        if not env.is_closed:
+            env.close()
+    # every step's obs index equals starting point + steps since the restore
+    assert torch.equal(data["observation"][..., 1:], data["demo_index"])
+    assert torch.equal(data["next", "observation"][..., 1:], data["next", "demo_index"])
+    points = data["starting_point"].unique()
+    assert len(points) > 2  # auto-resets got fresh points as the maximum moved
+    assert manager.maximum < len(demo) - 1
+    ended = data["next", "done"].squeeze(-1)
+    success = data["next", "score"][ended] >= demo.total
+    assert torch.equal(data["next", "success"][ended], success)
+
+
+# --- Montezuma's Revenge ---------------------------------------------------------------------
+def montezuma(frameskip=1, **kwargs):
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return GymEnv(
+        "ALE/MontezumaRevenge-v5",
+        frameskip=frameskip,
+        repeat_action_probability=kwargs.pop("repeat_action_probability", 0.0),
+        obs_type="grayscale",
+        **kwargs,
+    )
+
+
+def test_sticky_actions_are_rejected():
+    demo = Demo.load(DEMO_PATH)
+    env = TransformedEnv(montezuma(repeat_action_probability=0.25), ReverseCurriculum(demo, restore="ale"))
+    with pytest.raises(ValueError, match="sticky"):
+        reset_at(env, 10)
+
+
+def test_montezuma_restore_short_prefix():
+    demo = Demo.load(DEMO_PATH)
+    k = 2000
+    env = TransformedEnv(montezuma(), ReverseCurriculum(demo, restore="ale", snapshot_every=500))
+    td = reset_at(env, k)
+    rewards = np.load(DEMO_PATH)["rewards"]
+    assert td["score"].item() == rewards[:k].sum() == 600.0
+    # same screen as playing the prefix through gymnasium
+    reference = gym.make("ALE/MontezumaRevenge-v5", frameskip=1, repeat_action_probability=0.0, obs_type="grayscale")
+    obs, _ = reference.reset(seed=0)
+    for a in demo.actions[:k]:
+        obs, *_ = reference.step(int(a))
+    assert np.array_equal(td["observation"].numpy(), obs)
+    # restoring again starts from this process's cache (a snapshot below 2000, since a restored
+    # state shows its screen only after the next frame) and gives the same observation
+    assert sorted(env.transform.restore.cache) == [0, 500, 1000, 1500, 2000]
+    again = reset_at(env, k)
+    assert np.array_equal(again["observation"].numpy(), obs) and again["score"].item() == 600.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [10_000, 50_000])
+def test_montezuma_replays_to_the_end_as_success(k):
+    demo = Demo.load(DEMO_PATH)
+    rewards = np.load(DEMO_PATH)["rewards"]
+    manager = ResetManager(len(demo), 1)
+    manager.maximum = k
+    env = TransformedEnv(montezuma(), ReverseCurriculum(demo, manager, restore="ale", max_lag=50))
+    td = env.reset()
+    assert td["starting_point"].item() == k
+    assert td["score"].item() == rewards[:k].sum()
+    for a in demo.actions[k:]:
+        td = env.step(td.set("action", env.action_spec.encode(int(a))))
+        if td["next", "done"].item():
+            break
+        td = td["next"]
+    assert td["next", "score"].item() == 71_500.0
+    assert td["next", "success"].item()
+    assert manager.num_pending == 1
+
+    if k == 50_000:  # random actions from 50,000 do not make it
+        generator = np.random.default_rng(0)
+        td = env.reset()
+        for _ in range(len(demo)):
+            td = env.step(td.set("action", env.action_spec.encode(int(generator.integers(18)))))
+            if td["next", "done"].item():
+                break
+            td = td["next"]
+        assert td["next", "done"].item() and not td["next", "success"].item()
+        assert td["next", "score"].item() < 71_500.0

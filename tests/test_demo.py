@@ -1,0 +1,112 @@
+"""Demo loading, saving, validation and recording."""
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from torchrl_seqchunk import Demo, record_demo
+
+DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "data" / "montezuma_revenge_demo.npz"
+FROZEN_LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right on the 4x4 map
+
+
+def test_load_montezuma_demo():
+    demo = Demo.load(DEMO_PATH)
+    raw = np.load(DEMO_PATH)
+    assert len(demo) == 53_057 and demo.total == 71_500.0
+    assert demo.actions.dtype == np.int64 and np.array_equal(demo.actions, raw["actions"])
+    assert demo.returns.shape == (53_058,)
+    for k in (0, 357, 10_000, 50_000, 53_057):
+        assert demo.returns[k] == raw["rewards"][:k].sum()
+    assert demo.seed == 0 and demo.meta["frameskip"] == 1
+    assert demo.lives.shape == (53_058,)
+
+
+def test_save_load_round_trip(tmp_path):
+    demo = Demo([3, 1, 2], [0.0, 1.5, -1.0], snapshots={0: b"ab", 2: b"xyz"}, lives=[3, 3, 2, 2], meta={"a": 1})
+    demo.save(tmp_path / "d.npz")
+    back = Demo.load(tmp_path / "d.npz")
+    assert back.actions.tolist() == [3, 1, 2]
+    assert back.rewards.tolist() == [0.0, 1.5, -1.0]
+    assert back.returns.tolist() == [0.0, 0.0, 1.5, 0.5]
+    assert back.snapshots == {0: b"ab", 2: b"xyz"}
+    assert back.lives.tolist() == [3, 3, 2, 2] and back.meta == {"a": 1}
+
+
+def _write(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize(
+    "arrays, match",
+    [
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.zeros(3)}, "lacks arrays \\['meta'\\]"),
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.zeros(4), "meta": np.array("{}")}, "equal length"),
+        ({"actions": np.zeros(3), "rewards": np.zeros(3), "meta": np.array("{}")}, "integers"),
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.zeros(3), "meta": np.array("{oops")}, "JSON"),
+        (
+            {"actions": np.zeros(3, np.uint8), "rewards": np.zeros(3), "meta": np.array("{}"), "lives": np.zeros(3, np.uint8)},
+            "lives",
+        ),
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.array([None] * 3), "meta": np.array("{}")}, "pickle"),
+    ],
+)
+def test_load_rejects_corrupt_files(tmp_path, arrays, match):
+    path = _write(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=match) as info:
+        Demo.load(path)
+    assert "bad.npz" in str(info.value)
+
+
+def test_load_rejects_non_npz(tmp_path):
+    path = tmp_path / "demo.npz"
+    path.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="cannot read demo file"):
+        Demo.load(path)
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="empty"):
+        Demo([], [])
+    with pytest.raises(ValueError, match="outside"):
+        Demo([1, 2], [0.0, 0.0], snapshots={3: b""})
+    with pytest.raises(TypeError, match="numeric"):
+        Demo([1], ["a"])
+
+
+def test_record_demo_on_a_gymnasium_env():
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, seed=3, meta={"env": "lake"})
+    assert demo.rewards.tolist() == [0, 0, 0, 0, 0, 1] and demo.total == 1.0
+    assert demo.meta == {"env": "lake", "reset_seed": 3} and demo.snapshots == {} and demo.lives is None
+    with pytest.raises(ValueError, match="ended at step 5"):
+        record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN + [0])
+    with pytest.raises(ValueError, match="clone_state"):
+        record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, snapshot_every=2)
+
+
+def test_record_demo_snapshots_restore_on_ale():
+    import ale_py
+
+    gym.register_envs(ale_py)
+    make = lambda: gym.make(  # noqa: E731
+        "ALE/MontezumaRevenge-v5", frameskip=1, repeat_action_probability=0.0, obs_type="grayscale"
+    )
+    reference = Demo.load(DEMO_PATH)
+    demo = record_demo(make(), reference.actions[:400], seed=0, snapshot_every=100)
+    assert sorted(demo.snapshots) == [0, 100, 200, 300, 400]
+    assert np.array_equal(demo.rewards, reference.rewards[:400])
+    assert np.array_equal(demo.lives, reference.lives[:401])
+    # the snapshot at 300 holds the state after 300 actions (a restore leaves the screen stale
+    # until the next frame, so compare RAM, then the screens one frame later)
+    env = make()
+    env.reset(seed=0)
+    env.unwrapped.restore_state(ale_py.ALEState(demo.snapshots[300]))
+    replay = make()
+    replay.reset(seed=0)
+    for a in reference.actions[:300]:
+        replay.step(int(a))
+    assert np.array_equal(env.unwrapped.ale.getRAM(), replay.unwrapped.ale.getRAM())
+    assert np.array_equal(env.step(3)[0], replay.step(3)[0])
