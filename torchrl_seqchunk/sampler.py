@@ -444,22 +444,23 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _chunk(self, rows: list[list[_Segment]], pad_slot: int) -> tuple[torch.Tensor, dict]:
         B, T = self.num_streams, self.seq_len
-        slots, steps, episodes = [], [], []
-        for pieces in rows:
-            filled = sum(p.slots.numel() for p in pieces)
-            for p in pieces:
-                slots.append(p.slots)
-                steps.append(torch.arange(p.offset, p.offset + p.slots.numel()))
-                episodes.append(torch.full((p.slots.numel(),), p.episode))
-            if filled < T:  # replacement=False only: the stream's epoch is over
-                slots.append(torch.full((T - filled,), pad_slot))
-                steps.append(torch.full((T - filled,), -1))
-                episodes.append(torch.full((T - filled,), -1))
-        index = torch.cat(slots).view(B, T)
-        step = torch.cat(steps).view(B, T)
+        pieces = []
+        for row in rows:
+            pieces += row
+            filled = sum(p.slots.numel() for p in row)
+            if filled < T:  # replacement=False only: the stream's epoch is over; offset -1 pads
+                pieces.append(_Segment(torch.full((T - filled,), pad_slot), -1, -1, 0))
+        lengths = torch.tensor([p.slots.numel() for p in pieces])
+        offsets = torch.tensor([p.offset for p in pieces])
+        index = torch.cat([p.slots for p in pieces]).view(B, T)
+        # step-in-episode = offset of the piece + position within the piece; -1 on padding
+        within = torch.arange(B * T) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        offsets = torch.repeat_interleave(offsets, lengths)
+        step = torch.where(offsets >= 0, offsets + within, -1).view(B, T)
         info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
         if self.episode_key is not None:
-            info[self.episode_key] = torch.cat(episodes).view(B, T)
+            episodes = torch.tensor([p.episode for p in pieces])
+            info[self.episode_key] = torch.repeat_interleave(episodes, lengths).view(B, T)
         if self.step_key is not None:
             info[self.step_key] = step
         if not self.replacement:

@@ -1,0 +1,135 @@
+"""Side-by-side throughput of stream chunks against a raw gather and TorchRL's SliceSampler.
+
+One storage of uint8 image steps ([3, 64, 64] by default) is filled with episodes of
+random length; then, in interleaved rounds so that machine load hits every side alike:
+
+- ``stream``: ``rb.sample()`` with ``StreamChunkSampler(B, T)`` ([B, T] chunks);
+- ``raw_gather``: ``storage[index]`` of B contiguous runs of T steps (the bytes alone);
+- ``slice``: ``rb.sample()`` with TorchRL's ``SliceSampler(slice_len=T)`` (defaults);
+
+and a consumer that simulates a training step as long as one raw gather (sleeping, as
+when the accelerator works) while a ``ChunkPrefetcher`` prepares the next chunks; the
+wait is measured once the queue has filled (steady state).
+
+Prints ``RATIO stream_vs_raw_gather`` (goal >= 0.8), ``RATIO stream_vs_slicesampler``
+(goal >= 1.0) and ``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
+
+    python benchmarks/bench_sampler.py                       # 100k steps, B=16, T=64
+    python benchmarks/bench_sampler.py --steps 5000 --rounds 3 --iters 5   # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import SliceSampler
+from tqdm import tqdm
+
+from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100_000, help="storage capacity, filled")
+    parser.add_argument("--num-streams", type=int, default=16, help="B")
+    parser.add_argument("--seq-len", type=int, default=64, help="T")
+    parser.add_argument("--min-episode", type=int, default=100, help="shortest episode")
+    parser.add_argument("--max-episode", type=int, default=1000, help="longest episode")
+    parser.add_argument("--obs-shape", type=int, nargs="+", default=[3, 64, 64])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument("--iters", type=int, default=20, help="calls per side per round")
+    parser.add_argument("--memmap", action="store_true", help="LazyMemmapStorage instead")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def fill(rb, args, generator):
+    """Writes whole episodes (TorchRL layout) until the storage is full."""
+    written = 0
+    with tqdm(total=args.steps, desc="filling storage", unit="step") as bar:
+        while written < args.steps:
+            n = int(torch.randint(args.min_episode, args.max_episode + 1, (1,), generator=generator))
+            n = min(n, args.steps - written)
+            done = torch.zeros(n, 1, dtype=torch.bool)
+            done[-1] = True
+            rb.extend(
+                TensorDict(
+                    {
+                        "observation": torch.randint(
+                            0, 256, (n, *args.obs_shape), dtype=torch.uint8, generator=generator
+                        ),
+                        "action": torch.randint(0, 6, (n, 1), generator=generator),
+                        ("next", "reward"): torch.randn(n, 1, generator=generator),
+                        ("next", "done"): done,
+                        ("next", "terminated"): done.clone(),
+                        ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+                    },
+                    [n],
+                )
+            )
+            written += n
+            bar.update(n)
+
+
+def seconds_per_call(fn, iters):
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def main():
+    args = parse_args()
+    B, T = args.num_streams, args.seq_len
+    generator = torch.Generator().manual_seed(args.seed)
+    storage = (LazyMemmapStorage if args.memmap else LazyTensorStorage)(args.steps)
+    sampler = StreamChunkSampler(B, T, generator=torch.Generator().manual_seed(args.seed))
+    stream_rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=B * T)
+    fill(stream_rb, args, generator)
+    slice_rb = TensorDictReplayBuffer(
+        storage=storage, sampler=SliceSampler(slice_len=T), batch_size=B * T
+    )
+
+    def raw_gather():
+        starts = torch.randint(0, len(storage) - T + 1, (B, 1), generator=generator)
+        return storage[starts + torch.arange(T)]
+
+    sides = {"stream": stream_rb.sample, "raw_gather": raw_gather, "slice": slice_rb.sample}
+    for fn in sides.values():  # warm up: first boundary scans, allocator
+        fn()
+    times = {name: [] for name in sides}
+    for _ in tqdm(range(args.rounds), desc="timing rounds"):
+        for name, fn in sides.items():
+            times[name].append(seconds_per_call(fn, args.iters))
+    median = {name: statistics.median(values) for name, values in times.items()}
+    steps_per_call = B * T
+    for name, value in median.items():
+        print(f"{name:>10}: {value * 1e3:8.2f} ms/call  {steps_per_call / value:12,.0f} steps/s")
+
+    # Consumer: a training step as long as one raw gather; the worker prepares chunks.
+    step_time = median["raw_gather"]
+    waited, calls = 0.0, args.rounds * args.iters
+    with ChunkPrefetcher(stream_rb.sample, depth=2) as chunks:
+        next(chunks)
+        time.sleep(4 * median["stream"])  # let the queue fill
+        start = time.perf_counter()
+        for _ in range(calls):
+            before = time.perf_counter()
+            next(chunks)
+            waited += time.perf_counter() - before
+            time.sleep(step_time)
+        wall = time.perf_counter() - start
+    print(f"prefetch: waited {waited:.3f} s of {wall:.3f} s over {calls} steps "
+          f"of {step_time * 1e3:.2f} ms")
+    # throughput ratios are inverse time ratios
+    print(f"RATIO stream_vs_raw_gather {median['raw_gather'] / median['stream']:.3f}")
+    print(f"RATIO stream_vs_slicesampler {median['slice'] / median['stream']:.3f}")
+    print(f"RATIO prefetch_wait_fraction {waited / wall:.4f}")
+
+
+if __name__ == "__main__":
+    main()
