@@ -144,6 +144,20 @@ def test_without_replacement_deals_each_episode_once_per_epoch(lengths, num_stre
                 assert row[-1, 1] == lengths[row[-1, 0]] - 1  # the last episode is whole
 
 
+def test_steps_added_one_by_one_and_emptied_buffer():
+    rb = buffer(1, 3, replacement=False)
+    for step in episodes([2, 4]).unbind(0):  # rb.add, one step at a time
+        rb.add(step)
+    chunks = list(rb)
+    assert [c["obs"].tolist() for c in chunks] in ([[[0, 1, 2]], [[3, 4, 5]]], [[[2, 3, 4]], [[5, 0, 1]]])
+    rb.empty()  # on-policy: drop the rollout, write the next one
+    rb.extend(episodes([3], first_obs=10))
+    chunk = rb.sample()
+    assert chunk["obs"].tolist() == [[10, 11, 12]]
+    assert chunk["is_first"].squeeze(-1).tolist() == [[True, False, False]]
+    assert rb.sampler.ran_out
+
+
 def test_incomplete_episode_is_not_drawn():
     rb = buffer(2, 5)
     rb.extend(episodes([3, 4], done_last=False))  # the 4-step episode is still running
