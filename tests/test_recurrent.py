@@ -201,6 +201,16 @@ def test_under_no_grad():
     assert out["features"].grad_fn is None and module._carry[0].shape == (B, H)
 
 
+@pytest.mark.parametrize("kind,backend", [("gru2", "loop"), ("mingru", "scan")])
+def test_under_torch_compile(kind, backend):
+    rnn = make_rnn(kind)
+    x, is_first = torch.randn(B, T, F), random_flags()
+    compiled = torch.compile(
+        lambda x, f: rnn_with_resets(rnn, x, f, backend=backend)[0], backend="aot_eager"
+    )
+    torch.testing.assert_close(compiled(x, is_first), rnn_with_resets(rnn, x, is_first)[0])
+
+
 # --------------------------------------------------------------------------- errors
 def test_bad_inputs_raise_clear_errors():
     gru = nn.GRU(F, H, batch_first=True)
