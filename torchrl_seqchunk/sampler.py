@@ -444,23 +444,22 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _chunk(self, rows: list[list[_Segment]], pad_slot: int) -> tuple[torch.Tensor, dict]:
         B, T = self.num_streams, self.seq_len
-        pieces = []
+        slots, steps, episodes = [], [], []  # steps: step-in-episode, -1 on padding
         for row in rows:
-            pieces += row
-            filled = sum(p.slots.numel() for p in row)
-            if filled < T:  # replacement=False only: the stream's epoch is over; offset -1 pads
-                pieces.append(_Segment(torch.full((T - filled,), pad_slot), -1, -1, 0))
-        lengths = torch.tensor([p.slots.numel() for p in pieces])
-        offsets = torch.tensor([p.offset for p in pieces])
-        index = torch.cat([p.slots for p in pieces]).view(B, T)
-        # step-in-episode = offset of the piece + position within the piece; -1 on padding
-        within = torch.arange(B * T) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
-        offsets = torch.repeat_interleave(offsets, lengths)
-        step = torch.where(offsets >= 0, offsets + within, -1).view(B, T)
+            for piece in row:
+                slots.append(piece.slots)
+                steps += range(piece.offset, piece.offset + piece.slots.numel())
+                episodes += [piece.episode] * piece.slots.numel()
+            missing = T - sum(piece.slots.numel() for piece in row)
+            if missing:  # replacement=False only: the stream's epoch is over
+                slots.append(torch.full((missing,), pad_slot))
+                steps += [-1] * missing
+                episodes += [-1] * missing
+        index = torch.cat(slots).view(B, T)
+        step = torch.tensor(steps).view(B, T)
         info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
         if self.episode_key is not None:
-            episodes = torch.tensor([p.episode for p in pieces])
-            info[self.episode_key] = torch.repeat_interleave(episodes, lengths).view(B, T)
+            info[self.episode_key] = torch.tensor(episodes).view(B, T)
         if self.step_key is not None:
             info[self.step_key] = step
         if not self.replacement:
