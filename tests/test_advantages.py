@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.objectives.value.functional import generalized_advantage_estimate
 
 from torchrl_seqchunk import boundary_gae
 
@@ -137,8 +138,22 @@ def test_random_boundaries_match_per_step_loop(seed, batch):
             for i in range(int(np.prod(batch)))
         ]
     ).reshape(shape)
-    np.testing.assert_allclose(td["advantage"].squeeze(-1).numpy(), expected, atol=1e-6)
-    np.testing.assert_allclose(td["value_target"].squeeze(-1).numpy(), expected + value, atol=1e-6)
+    np.testing.assert_allclose(td["advantage"].squeeze(-1).numpy(), expected, atol=1e-10)
+    np.testing.assert_allclose(td["value_target"].squeeze(-1).numpy(), expected + value, atol=1e-10)
+    # TorchRL's loop kernel, given the same stops, agrees (its discounts are float32)
+    torchrl_advantage, _ = generalized_advantage_estimate(
+        gamma, lmbda, td["state_value"], td["next", "state_value"], td["next", "reward"],
+        torch.as_tensor(stop).unsqueeze(-1), td["next", "terminated"],
+    )
+    torch.testing.assert_close(td["advantage"], torchrl_advantage, atol=1e-5, rtol=1e-5)
+
+
+def test_time_only_layout():
+    td = make_td([1, 1], [1, 1], [1, 2], [0, 1], terminated=[0, 0])
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    torch.testing.assert_close(
+        td["advantage"].squeeze(-1), torch.tensor([2.52, 1.80], dtype=torch.float64)
+    )
 
 
 def test_custom_keys():

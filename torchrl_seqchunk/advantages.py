@@ -4,8 +4,16 @@ Rollouts, stream chunks and windows all concatenate episodes along time. GAE ove
 such a layout must stop its recursion wherever an episode ends, zero the bootstrap
 only where the episode *terminated*, bootstrap truncated steps from the value of
 the final (pre-reset) observation, and bootstrap the last step of a chunk from the
-value of its next observation. TorchRL's GAE kernels already do all of this once
-they receive the right flags and next values; this module only prepares them.
+value of its next observation. Once the flags and TD errors are prepared, the
+recursion ``A_t = delta_t + gamma * lmbda * A_{t+1}`` is a linear recurrence with
+resets, run backwards in time on the parallel scan of :func:`rnn_with_resets`.
+
+TorchRL's GAE kernels (``torchrl.objectives.value.functional``) give the same
+numbers from the same flags (the tests check it), but not the speed on CPU: the
+vectorised one pads every episode to the longest and convolves it with a filter of
+``log(1e-7) / log(gamma * lmbda)`` taps (about 260 for 0.99 * 0.95), which makes it
+slower than a per-step loop on a ``[64, 256]`` rollout, and the loop kernel is
+that loop. The scan takes ``log2(T)`` element-wise rounds.
 """
 from __future__ import annotations
 
@@ -14,14 +22,25 @@ import numbers
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
-from torchrl.objectives.value.functional import (
-    generalized_advantage_estimate,
-    vec_generalized_advantage_estimate,
-)
+from torch import nn
 
-# TorchRL's vectorised kernel keeps the terms of its geometric filter above 1e-7;
-# a smaller gamma * lmbda leaves it an empty filter, so the loop kernel is used.
-_VEC_KERNEL_MIN_DECAY = 1e-6
+from .recurrent import rnn_with_resets
+
+
+class _DiscountedSum(nn.Module):
+    """The cell ``h_t = decay * h_{t-1} + x_t``, a linear recurrence for the scan backend."""
+
+    hidden_size = 1
+
+    def __init__(self, decay: float):
+        super().__init__()
+        self.decay = decay
+
+    def linear_coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full_like(x, self.decay), x
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, h, alpha=self.decay)
 
 
 def boundary_gae(
@@ -55,9 +74,8 @@ def boundary_gae(
 
     The last step of a row needs no done flag: it is always treated as a chunk end.
     When ``terminated_key`` is absent it is taken as ``done & ~truncated`` (or as
-    ``done`` when ``truncated_key`` is absent too, as in TorchRL). The kernel is
-    TorchRL's :func:`~torchrl.objectives.value.functional.vec_generalized_advantage_estimate`
-    (or the loop kernel when ``gamma * lmbda < 1e-6``), run without gradient.
+    ``done`` when ``truncated_key`` is absent too, as in TorchRL). The recursion runs
+    without gradient, as a parallel scan (see the module docstring).
 
     Algorithm: Schulman et al., "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation", ICLR 2016.
@@ -169,15 +187,17 @@ def boundary_gae(
         stop = stop.clone()
         stop[..., :-1, :] |= is_first[..., 1:, :]
 
-    kernel = (
-        vec_generalized_advantage_estimate
-        if gamma * lmbda >= _VEC_KERNEL_MIN_DECAY
-        else generalized_advantage_estimate
-    )
+    steps = shape[-2]
     with torch.no_grad():
-        advantage, value_target = kernel(
-            gamma, lmbda, value, next_value, reward.to(value.dtype), stop, terminated
+        delta = reward.to(value.dtype) + gamma * next_value.masked_fill(terminated, 0.0) - value
+        # backwards in time, A_{t+1} is the state before step t: reset it after a stop
+        backward, _ = rnn_with_resets(
+            _DiscountedSum(gamma * lmbda),
+            delta.reshape(-1, steps, 1).flip(1),
+            stop.reshape(-1, steps).flip(1),
+            backend="scan",
         )
+        advantage = backward.flip(1).reshape(shape)
     tensordict.set(advantage_key, advantage)
-    tensordict.set(value_target_key, value_target)
+    tensordict.set(value_target_key, advantage + value)
     return tensordict
