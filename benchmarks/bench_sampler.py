@@ -52,8 +52,8 @@ def fill(rb, args, generator):
     written = 0
     with tqdm(total=args.steps, desc="filling storage", unit="step") as bar:
         while written < args.steps:
-            n = int(torch.randint(args.min_episode, args.max_episode + 1, (1,), generator=generator))
-            n = min(n, args.steps - written)
+            n = torch.randint(args.min_episode, args.max_episode + 1, (1,), generator=generator)
+            n = min(int(n), args.steps - written)
             done = torch.zeros(n, 1, dtype=torch.bool)
             done[-1] = True
             rb.extend(

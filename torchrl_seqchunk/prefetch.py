@@ -34,6 +34,10 @@ class ChunkPrefetcher:
     is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
     :meth:`close` (also on leaving a ``with`` block) stops and joins the thread.
 
+    The worker runs up to ``depth + 1`` chunks ahead of the consumer, so a sampler state
+    saved meanwhile is that far ahead too: to resume exactly, save the state after
+    :meth:`close` and count the chunks consumed, or accept that queued chunks are skipped.
+
     Args:
         source (callable or iterable): where chunks come from.
 

@@ -277,7 +277,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     ):
         for name, value in (("num_streams", num_streams), ("seq_len", seq_len)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}).")
+                raise TypeError(
+                    f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})."
+                )
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}; pass a positive number.")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -355,7 +357,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _refresh(self, storage: Storage, *, raise_empty: bool) -> _EpisodeTable:
         """Re-reads episodes and cuts stale queue entries when writes happened since last call."""
-        if self._table is None or self._table_clock != self._log.clock or len(self._table.slots) != len(storage):
+        table = self._table
+        if table is None or self._table_clock != self._log.clock or len(table.slots) != len(storage):
             self._table = self._find_episodes(storage)
             self._table_clock = self._log.clock
             for stream in self._streams:
