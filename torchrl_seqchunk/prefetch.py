@@ -35,8 +35,8 @@ class ChunkPrefetcher:
     :meth:`close` (also on leaving a ``with`` block) stops and joins the thread.
 
     The worker runs up to ``depth + 1`` chunks ahead of the consumer, so a sampler state
-    saved meanwhile is that far ahead too: to resume exactly, save the state after
-    :meth:`close` and count the chunks consumed, or accept that queued chunks are skipped.
+    saved while it runs is ahead by the chunks prepared but not yet consumed; a resumed
+    run skips those. For an exact resume, save the state where no prefetcher is running.
 
     Args:
         source (callable or iterable): where chunks come from.
