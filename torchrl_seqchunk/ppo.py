@@ -45,10 +45,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
     Diagnostics added to the output (detached): ``"real_slots"`` (slots that train,
     also honouring TorchRL's loss masks such as ``("collector", "mask")``),
     ``"mean_count_weight"`` (mean ``count_weight`` over them) and, for every
-    ``"loss_<name>"``, ``"real_mean_<name>"``: its plain mean over real slots, which
-    does not depend on episode lengths in any mode. TorchRL's other logging entries
-    (``entropy``, ``clip_fraction``, ``kl_approx``, ``ESS``, ratios) are computed
-    over all slots as in :class:`~torchrl.objectives.ClipPPOLoss`.
+    ``"loss_<name>"``, ``"real_mean_<name>"``: its plain mean over real slots, never
+    diluted by dropped slots (so comparable across modes and episode lengths).
+    TorchRL's other logging entries (``entropy``, ``clip_fraction``, ``kl_approx``,
+    ``ESS``, ratios, ``explained_variance``) are computed over all slots as
+    :class:`~torchrl.objectives.ClipPPOLoss` computes them on a ``[N, W]`` batch
+    (``ESS`` and ``explained_variance`` per window position).
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
