@@ -87,8 +87,8 @@ def reference(rnn, x, is_first, h0, reset_state):
     return torch.stack(ys, 1), state
 
 
-def random_flags():
-    is_first = torch.rand(B, T) < 0.25
+def random_flags(rate=0.25):
+    is_first = torch.rand(B, T) < rate
     is_first[0, 0] = True  # reset at t = 0
     is_first[1, 3:5] = True  # consecutive resets
     is_first[2, 0] = False
@@ -117,9 +117,18 @@ CASES = [
 ]
 
 
+def sparse_flags():
+    """Resets on two time steps only: the loop backend runs native reset-free segments."""
+    is_first = torch.zeros(B, T, dtype=torch.bool)
+    is_first[0, 0] = is_first[1, 5] = is_first[3, 5] = True
+    assert len(recurrent._segment_bounds(is_first)) - 1 == 2 and 4 * 2 <= T
+    return is_first
+
+
+@pytest.mark.parametrize("flags", [random_flags, sparse_flags], ids=["dense", "sparse"])
 @pytest.mark.parametrize("stored", [False, True], ids=["zeros", "stored"])
 @pytest.mark.parametrize("kind,backend", CASES)
-def test_backend_matches_reference(kind, backend, stored):
+def test_backend_matches_reference(kind, backend, stored, flags):
     rnn = make_rnn(kind)
     shapes = state_shapes(rnn)
     x = torch.randn(B, T, F, requires_grad=True)
@@ -128,7 +137,7 @@ def test_backend_matches_reference(kind, backend, stored):
         resets = tuple(torch.randn(B, T, *s, requires_grad=True) for s in shapes)
     else:
         resets = tuple(torch.zeros(B, T, *s) for s in shapes)
-    is_first = random_flags()
+    is_first = flags()
     leaves = [x, *h0, *list(rnn.parameters())] + ([*resets] if stored else [])
 
     y_ref, h_ref = reference(rnn, x, is_first, h0, resets)

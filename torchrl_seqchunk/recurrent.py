@@ -171,6 +171,47 @@ def _reset(state, masks, values):
 
 
 def _loop(rnn, x, reset, h0, reset_value, *, tuple_state):
+    """Loop over time with the native kernels.
+
+    An ``nn.GRU`` / ``nn.LSTM`` chunk whose resets fall on few time steps (at
+    most one reset-free segment per 4 steps) runs one native call per
+    segment; otherwise every step runs the native cell kernel.
+    """
+    if isinstance(rnn, (nn.GRU, nn.LSTM)):
+        bounds = _segment_bounds(reset)
+        if 4 * (len(bounds) - 1) <= reset.shape[1]:
+            return _loop_segments(rnn, x, reset, h0, reset_value, bounds)
+    return _loop_steps(rnn, x, reset, h0, reset_value, tuple_state=tuple_state)
+
+
+def _segment_bounds(reset) -> list:
+    """``[0, t_1, ..., T]``: the time steps where any row resets, which split the
+    chunk into segments free of resets (one host sync)."""
+    inner = reset[:, 1:].any(0).nonzero().squeeze(1) + 1
+    return [0, *inner.tolist(), reset.shape[1]]
+
+
+def _loop_segments(rnn, x, reset, h0, reset_value, bounds):
+    """One native ``nn.GRU`` / ``nn.LSTM`` call per reset-free time segment.
+
+    Rows that reset at a segment's first step take their reset value there;
+    inside a segment nothing resets, so the native module is exact.
+    """
+    batch = x.shape[0]
+    state, outputs = h0, []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        masks = [reset[:, start].view(batch, *([1] * (s.dim() - 1))) for s in state]
+        values = None if reset_value is None else [v[:, start] for v in reset_value]
+        state = _reset(state, masks, values)
+        native = tuple(s.transpose(0, 1).contiguous() for s in state)  # [layers, B, H]
+        segment = x[:, start:stop] if rnn.batch_first else x[:, start:stop].transpose(0, 1)
+        y, new = rnn(segment, native[0] if len(native) == 1 else native)
+        outputs.append(y if rnn.batch_first else y.transpose(0, 1))
+        state = tuple(s.transpose(0, 1) for s in ((new,) if isinstance(new, torch.Tensor) else new))
+    return torch.cat(outputs, 1), state
+
+
+def _loop_steps(rnn, x, reset, h0, reset_value, *, tuple_state):
     """Per-step recurrence, layer after layer, with the native cell kernels.
 
     Resets of a stacked module hit all layers at the same step, so layer ``l``
