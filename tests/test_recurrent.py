@@ -434,3 +434,14 @@ def test_primer_with_a_torchrl_env():
 def test_docstring_examples_run():
     result = doctest.testmod(recurrent)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_custom_cell_state_layout_comes_from_h0():
+    cell = TupleCell(F, H, 2)
+    cell.hidden_size = H  # a tuple-state cell may still expose hidden_size
+    x, is_first = torch.randn(B, T, F), random_flags()
+    h0 = (torch.randn(B, H), torch.randn(B, 2))
+    y, (h, z) = rnn_with_resets(cell, x, is_first, h0)
+    y_ref, (h_ref, z_ref) = reference(cell, x, is_first, h0, [torch.zeros(B, T, H), torch.zeros(B, T, 2)])
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(z, z_ref)

@@ -388,12 +388,14 @@ def rnn_with_resets(
             ``[*S]`` initial state); zeros if omitted.
 
     Keyword Args:
-        backend (str): ``"loop"`` (per-step native cell kernels; fastest on CPU),
-            ``"packed"`` (reset-free segments in one packed cuDNN call; fastest for
-            ``nn.GRU``/``nn.LSTM`` on GPU), ``"scan"`` (parallel prefix scan for
-            cells with ``linear_coefficients``, such as :class:`MinGRUCell`) or
-            ``"auto"`` (``scan`` if possible, else ``packed`` on CUDA for
-            ``nn.GRU``/``nn.LSTM``, else ``loop``). Default ``"auto"``.
+        backend (str): ``"loop"`` (native kernels step by step, or one native
+            call per reset-free time segment when resets fall on few steps; the
+            CPU path), ``"packed"`` (reset-free row segments in one packed
+            native call; the GPU path for ``nn.GRU``/``nn.LSTM``), ``"scan"``
+            (parallel prefix scan for cells with ``linear_coefficients``, such
+            as :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
+            ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``loop``).
+            Default ``"auto"``.
 
     Returns:
         ``(y, h_last)``: ``y`` is ``[B, T, H_out]``; ``h_last`` is the state after
@@ -427,25 +429,26 @@ def rnn_with_resets(
         )
     batch, time = x.shape[:2]
     reset = _reset_mask(is_first, (batch, time)).to(x.device)
-    layout = _state_layout(rnn)
+    given = None  # a custom cell's state layout is read from h0 when given
+    if h0 is not None:
+        h0 = tuple(h0) if isinstance(h0, (tuple, list)) else h0
+        given = tuple(h.shape[1:] for h in h0) if isinstance(h0, tuple) else tuple(h0.shape[1:])
+    layout = _state_layout(rnn, given)
+    if layout is None:
+        raise ValueError(
+            f"h0 is required for a {type(rnn).__name__} without a `hidden_size` attribute; "
+            "pass the initial state (a tensor or tuple of [B, *S] tensors)."
+        )
+    shapes, is_tuple, _ = layout
     if h0 is None:
-        if layout is None:
-            raise ValueError(
-                f"h0 is required for a {type(rnn).__name__} without a `hidden_size` attribute; "
-                "pass the initial state (a tensor or tuple of [B, *S] tensors)."
-            )
-        shapes, is_tuple = layout[0], layout[1]
         h0 = tuple(x.new_zeros(batch, *shape) for shape in shapes)
-    else:
-        is_tuple = layout[1] if layout else isinstance(h0, (tuple, list))
-        h0 = _as_tuple(h0, len(layout[0]) if layout else len(h0) if is_tuple else 1, "h0")
-        shapes = layout[0] if layout else [h.shape[1:] for h in h0]
-        for h, shape in zip(h0, shapes):
-            if h.shape != (batch, *shape):
-                raise ValueError(
-                    f"h0 entries must have shape {[batch, *shape]}, got {list(h.shape)}; "
-                    "states are batch first (see the module docstring)."
-                )
+    h0 = _as_tuple(h0, len(shapes), "h0")
+    for h, shape in zip(h0, shapes):
+        if h.shape != (batch, *shape):
+            raise ValueError(
+                f"h0 entries must have shape {[batch, *shape]}, got {list(h.shape)}; "
+                "states are batch first (see the module docstring)."
+            )
     if reset_state is not None:
         values = _as_tuple(reset_state, len(h0), "reset_state")
         try:
@@ -627,7 +630,7 @@ class ResetRNN(TensorDictModuleBase):
             self._carry = None
             return
         batch = self._carry[0].shape[0]
-        mask = _reset_mask(mask.to(self._carry[0].device), (batch,), "mask")
+        mask = _reset_mask(mask, (batch,), "mask").to(self._carry[0].device)
         initial = self._initial_state(batch, self._carry[0].device)
         self._carry = tuple(
             torch.where(mask.view(-1, *([1] * len(s))), i.detach(), c)
