@@ -184,7 +184,6 @@ def boundary_gae(
         stop = stop | truncated
     if is_first is not None:
         # a step whose successor starts an episode ends one, flagged or not
-        stop = stop.clone()
         stop[..., :-1, :] |= is_first[..., 1:, :]
 
     steps = shape[-2]
