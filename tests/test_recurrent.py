@@ -1,9 +1,10 @@
 """Tests for torchrl_seqchunk.recurrent: every backend against a per-step reference loop."""
 import doctest
+import functools
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, unravel_key
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
@@ -386,29 +387,34 @@ def test_reset_state_from_the_batch_reproduces_the_rollout():
 
     width = 4
     starts = range(steps - width + 1)
+
+    def cut(values):  # [2, steps, ...] -> [2 * len(starts), width, ...]
+        return torch.stack([values[:, s : s + width] for s in starts], 1).flatten(0, 1)
+
     windows = TensorDict(
-        {
-            "embed": torch.stack([x[:, s : s + width] for s in starts], 1).flatten(0, 1),
-            "is_first": torch.stack([is_first[:, s : s + width] for s in starts], 1).flatten(0, 1),
-            "recurrent_state": torch.stack([stored[:, s : s + width] for s in starts], 1).flatten(0, 1),
-        },
+        {"embed": cut(x), "is_first": cut(is_first), "recurrent_state": cut(stored)},
         [2 * len(starts), width],
     )
     windows["is_first"][:, 0] = True  # every window starts from its stored memory
-    expected = torch.stack([outputs[:, s : s + width] for s in starts], 1).flatten(0, 1)
+    expected = cut(outputs)
     learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False)
     torch.testing.assert_close(learner(windows.clone())["features"], expected)
     zero_start = ResetRNN(rnn, carry=False)(windows.clone())["features"]
     assert not torch.allclose(zero_start, expected, atol=1e-4)  # memory matters here
 
 
-def test_primer_with_a_torchrl_env():
-    from torchrl.envs import GymEnv, InitTracker, SerialEnv, TransformedEnv
+@pytest.mark.parametrize("batched", ["serial", "parallel"])
+def test_primer_with_a_torchrl_env(batched):
+    from torchrl.envs import GymEnv, InitTracker, ParallelEnv, SerialEnv, TransformedEnv
 
-    module = ResetRNN(nn.GRU(4, 8, batch_first=True), carry=False)
-    env = TransformedEnv(SerialEnv(2, lambda: GymEnv("CartPole-v1")), InitTracker(init_key="is_first"))
+    rnn = nn.GRU(4, 8, batch_first=True) if batched == "serial" else nn.LSTM(4, 8, num_layers=2)
+    module = ResetRNN(rnn, carry=False)
+    make_env = functools.partial(GymEnv, "CartPole-v1")
+    base = SerialEnv(2, make_env) if batched == "serial" else ParallelEnv(2, make_env)
+    env = TransformedEnv(base, InitTracker(init_key="is_first"))
     env.append_transform(module.make_tensordict_primer())
-    assert env.full_state_spec["recurrent_state"].shape == (2, 1, 8)
+    for key, shape in zip(module.state_keys, module.state_shapes):
+        assert env.full_state_spec[key].shape == (2, *shape)
     policy = TensorDictSequential(
         TensorDictModule(nn.Linear(4, 4), in_keys=["observation"], out_keys=["embed"]),
         module,
@@ -418,14 +424,19 @@ def test_primer_with_a_torchrl_env():
         ),
     )
     env.set_seed(0)
-    with torch.no_grad():
-        rollout = env.rollout(40, policy, break_when_any_done=False)
+    try:
+        with torch.no_grad():
+            rollout = env.rollout(40, policy, break_when_any_done=False)
+    finally:
+        env.close()
     starts = rollout["is_first"].squeeze(-1)
     assert starts[:, 0].all() and starts[:, 1:].any(), "the rollout must cross an episode end"
-    state = rollout["recurrent_state"]
-    assert state[starts].abs().sum() == 0
     carried = ~starts[:, 1:]
-    torch.testing.assert_close(state[:, 1:][carried], rollout["next", "recurrent_state"][:, :-1][carried])
+    for key in module.state_keys:
+        state = rollout[key]
+        assert state[starts].abs().sum() == 0  # zero memory at episode starts
+        following = rollout[unravel_key(("next", key))]
+        torch.testing.assert_close(state[:, 1:][carried], following[:, :-1][carried])
     with torch.no_grad():
         replay = module(rollout.exclude("features").clone())["features"]
     torch.testing.assert_close(replay, rollout["features"])
@@ -441,7 +452,8 @@ def test_custom_cell_state_layout_comes_from_h0():
     cell.hidden_size = H  # a tuple-state cell may still expose hidden_size
     x, is_first = torch.randn(B, T, F), random_flags()
     h0 = (torch.randn(B, H), torch.randn(B, 2))
-    y, (h, z) = rnn_with_resets(cell, x, is_first, h0)
-    y_ref, (h_ref, z_ref) = reference(cell, x, is_first, h0, [torch.zeros(B, T, H), torch.zeros(B, T, 2)])
+    y, (_, z) = rnn_with_resets(cell, x, is_first, h0)
+    zeros = [torch.zeros(B, T, H), torch.zeros(B, T, 2)]
+    y_ref, (_, z_ref) = reference(cell, x, is_first, h0, zeros)
     torch.testing.assert_close(y, y_ref)
     torch.testing.assert_close(z, z_ref)
