@@ -183,15 +183,22 @@ def test_overwritten_queued_steps_are_never_emitted():
     chunk = rb.sample()
     assert chunk["is_first"][0, 0, 0]  # the stale rest was dropped: a fresh episode starts
     assert chunk["obs"][0, 0].item() in (4, 10)
-    # the ring wrapped: the oldest stored steps are no whole episode and are never drawn
-    rb.extend(episodes([2], first_obs=14, first_episode=3))  # slots 4, 5: episode 1 is cut
-    seen = torch.cat([rb.sample()["obs"] for _ in range(30)], 1)
-    assert set(seen.unique().tolist()) == {10, 11, 12, 13, 14, 15}
+    # episode 1 (slots 4..9) loses slots 4, 5: it is never drawn again; only the steps
+    # already queued whose slots still hold them (obs 6..9) may finish, then new episodes
+    rb.extend(episodes([2], first_obs=14, first_episode=3))
+    seen = torch.cat([rb.sample()["obs"] for _ in range(30)], 1)[0].tolist()
+    leftover = [obs for obs in seen if obs < 10]
+    assert seen[: len(leftover)] == leftover == list(range(10 - len(leftover), 10))
+    assert set(seen[len(leftover) :]) == {10, 11, 12, 13, 14, 15}
 
 
 @settings(max_examples=30, deadline=None)
 @given(
-    writes=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3), min_size=1, max_size=6),
+    writes=st.lists(
+        st.tuples(st.lists(st.integers(1, 6), min_size=1, max_size=3), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
     capacity=st.integers(12, 30),
     num_streams=st.integers(1, 3),
     seq_len=st.integers(1, 5),
@@ -202,11 +209,11 @@ def test_ring_overwrites_never_break_a_stream(writes, capacity, num_streams, seq
         num_streams, seq_len, capacity=capacity, generator=torch.Generator().manual_seed(seed)
     )
     written, chunks = 0, []
-    for lengths in writes:  # write a few episodes, then sample two chunks
+    for lengths, then_sample in writes:  # write a few episodes, maybe sample two chunks
         data = episodes(lengths, first_obs=written, first_episode=written)
         written += len(data)
         rb.extend(data)
-        if rb.can_sample():
+        if then_sample and rb.can_sample():
             chunks += [rb.sample(), rb.sample()]
     if not chunks:
         return
@@ -223,6 +230,7 @@ def test_resume_from_state_dict_repeats_the_chunks():
     rb = buffer(3, 4, generator=None, episode_key="episode")
     rb.extend(data)
     [rb.sample() for _ in range(3)]
+    rb.extend(episodes([4, 6], first_obs=30, first_episode=6))  # not read by the sampler yet
     state = rb.state_dict()
     expected = [rb.sample() for _ in range(3)]
     torch.manual_seed(123)  # a different default generator seed for the new sampler
@@ -243,6 +251,19 @@ def test_resume_from_disk_repeats_the_chunks(tmp_path):
     resumed.loads(tmp_path)
     for want in expected:
         assert (resumed.sample() == want).all()
+
+
+def test_storage_filled_before_the_sampler_is_read_in_slot_order():
+    storage = LazyTensorStorage(100)
+    TensorDictReplayBuffer(storage=storage).extend(episodes([3, 5]))
+    sampler = StreamChunkSampler(
+        1, 8, replacement=False, episode_key="episode", step_key="step"
+    )
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=8)
+    chunk = rb.sample()
+    assert sorted(chunk["obs"][0].tolist()) == list(range(8))
+    assert chunk["step"].tolist() == chunk["k"].tolist()
+    assert sorted(set(chunk["episode"][0].tolist())) == [-8, -5]  # stamped before any write
 
 
 def test_trajectory_ids_delimit_episodes():

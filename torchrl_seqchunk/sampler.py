@@ -7,13 +7,17 @@ the chunk. ``is_first`` marks the steps where an episode starts. This is the dat
 truncated backpropagation through time over concatenated episodes (as in DreamerV3's
 replay, Hafner et al. 2023, "Mastering Diverse Domains through World Models").
 
-Three small pieces do the bookkeeping:
+Small pieces do the bookkeeping, none of them scanning the whole storage:
 
 - :class:`_WriteLog`: a write stamp per storage slot (how many steps had been written
-  before it), fed by the replay buffer's ``extend``/``add`` calls; it gives the write
-  order of the slots and tells which slots were rewritten after a given moment.
-- :class:`_EpisodeTable`: the episodes found in the storage, in write order; draws one in
-  proportion to its length.
+  before it), fed by the replay buffer's ``extend``/``add`` calls; it keeps the slots
+  written since the last sample, in write order, and tells which slots were rewritten
+  after a given moment.
+- :class:`_Episodes`: the drawable episodes; add and remove in O(1), draw one in
+  proportion to its length by a binary search over cumulative lengths.
+- :class:`_EpisodeTracker`: reads the end flags of newly written steps only, grows the
+  episode being written, files it in :class:`_Episodes` when it ends and removes episodes
+  whose steps were overwritten.
 - :class:`_Stream`: a queue of segments with O(1) push and take from the head.
 """
 from __future__ import annotations
@@ -36,21 +40,26 @@ _UNSET = torch.iinfo(torch.long).min
 class _WriteLog:
     """Write stamp of every storage slot: the number of steps written before it.
 
-    Stamps grow with every write, so sorting slots by stamp gives the order in which the
-    steps were written, and a slot whose stamp is ``>= t`` was rewritten after the moment
-    the clock read ``t``. Slots filled before any write was recorded (a storage handed to
-    the sampler already full) count as written in slot order before everything else.
+    Stamps grow with every write, so a slot whose stamp is ``>= t`` was rewritten after
+    the moment the clock read ``t``. ``pending`` keeps the writes not yet read by the
+    tracker. Slots filled before any write was recorded (a storage handed to the sampler
+    already filled) count as written in slot order before everything else.
     """
 
     def __init__(self):
         self.stamps = torch.full((0,), _UNSET, dtype=torch.long)
         self.clock = 0  # stamp of the next written step
         self.origin = 0  # stamp of the oldest step ever written
+        self.pending = []  # (slots, stamps) of writes not yet taken, in write order
+        self.known = 0  # number of slots holding a stamp
 
     def record(self, index: torch.Tensor) -> None:
         index = index.reshape(-1).to("cpu", torch.long)
         self._grow(int(index.max()) + 1)
-        self.stamps[index] = self.clock + torch.arange(index.numel())
+        self.known += int((self.stamps[index.unique()] == _UNSET).sum())
+        stamps = self.clock + torch.arange(index.numel())
+        self.stamps[index] = stamps
+        self.pending.append((index, stamps))
         self.clock += index.numel()
 
     def _grow(self, size: int) -> None:
@@ -59,39 +68,209 @@ class _WriteLog:
             grown[: self.stamps.numel()] = self.stamps
             self.stamps = grown
 
-    def cover(self, size: int) -> torch.Tensor:
-        """Returns the stamps of slots ``[0, size)``, stamping slots never recorded."""
+    def take_pending(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots ``[0, size)`` written since the last call, in write order, with their stamps."""
         self._grow(size)
-        unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
-        if unknown.numel():
+        unknown = []
+        if self.known < size:  # slots filled without a recorded write: older than every write
+            unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
+        if len(unknown):
+            self.known += unknown.numel()
             self.origin -= unknown.numel()
-            self.stamps[unknown] = self.origin + torch.arange(unknown.numel())
-        return self.stamps[:size]
+            stamps = self.origin + torch.arange(unknown.numel())
+            self.stamps[unknown] = stamps
+            self.pending.insert(0, (unknown, stamps))
+        if not self.pending:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        slots, stamps = (torch.cat(parts) for parts in zip(*self.pending))
+        self.pending = []
+        return slots, stamps
+
+    def state(self) -> dict:
+        slots, stamps = self.take_pending(0)  # merged into one entry, kept pending
+        self.pending = [(slots, stamps)] if slots.numel() else []
+        return {"stamps": self.stamps.clone(), "clock": self.clock, "origin": self.origin,
+                "known": self.known, "pending_slots": slots, "pending_stamps": stamps}
+
+    def load(self, state: dict) -> None:
+        self.stamps, self.clock = state["stamps"].clone(), state["clock"]
+        self.origin, self.known = state["origin"], state["known"]
+        slots = state["pending_slots"]
+        self.pending = [(slots.clone(), state["pending_stamps"].clone())] if slots.numel() else []
 
 
-class _EpisodeTable:
-    """Episodes of a storage, in write order; ``draw`` picks one in proportion to its length.
+class _Episodes:
+    """Drawable episodes, id -> storage slots in time order (DreamerV3 selector style).
 
-    ``slots`` lists the storage slots in write order; episode ``e`` is
-    ``slots[starts[e]:starts[e] + lengths[e]]`` and its id is the write stamp of its first
-    step. Drawing a uniform step and taking its episode gives P(e) = len(e) / total.
+    ``add`` appends, ``remove`` swaps the episode with the last one and pops: O(1).
+    ``at_step(u)`` for a uniform ``u < total`` picks an episode with P(e) = len(e) / total;
+    the cumulative lengths it searches are rebuilt only after a change.
     """
 
-    def __init__(self, slots, starts, lengths, ids):
-        self.slots, self.starts, self.lengths, self.ids = slots, starts, lengths, ids
-        self.cumulative = lengths.cumsum(0)
-        self.total = int(self.cumulative[-1]) if lengths.numel() else 0
+    def __init__(self):
+        self.ids, self.slots, self.where = [], [], {}
+        self._cumulative = None
 
     def __len__(self) -> int:
-        return self.lengths.numel()
+        return len(self.ids)
 
-    def draw(self, generator: torch.Generator) -> int:
-        step = torch.randint(self.total, (1,), generator=generator)
-        return int(torch.searchsorted(self.cumulative, step, right=True))
+    def __contains__(self, episode: int) -> bool:
+        return episode in self.where
 
-    def segment(self, e: int, queued_at: int) -> _Segment:
-        start, length = int(self.starts[e]), int(self.lengths[e])
-        return _Segment(self.slots[start : start + length], int(self.ids[e]), 0, queued_at)
+    def add(self, episode: int, slots: torch.Tensor) -> None:
+        self.where[episode] = len(self.ids)
+        self.ids.append(episode)
+        self.slots.append(slots)
+        self._cumulative = None
+
+    def remove(self, episode: int) -> None:
+        position = self.where.pop(episode)
+        last_id, last_slots = self.ids.pop(), self.slots.pop()
+        if position < len(self.ids):
+            self.ids[position], self.slots[position] = last_id, last_slots
+            self.where[last_id] = position
+        self._cumulative = None
+
+    def cumulative(self) -> torch.Tensor:
+        if self._cumulative is None:
+            lengths = torch.tensor([s.numel() for s in self.slots], dtype=torch.long)
+            self._cumulative = lengths.cumsum(0)
+        return self._cumulative
+
+    @property
+    def total(self) -> int:
+        return int(self.cumulative()[-1]) if self.ids else 0
+
+    def at_step(self, step: int) -> tuple[int, torch.Tensor]:
+        """The episode holding step ``step`` of all episodes laid end to end."""
+        position = int(torch.searchsorted(self.cumulative(), torch.tensor([step]), right=True))
+        return self.ids[position], self.slots[position]
+
+
+class _EpisodeTracker:
+    """Finds episodes in the steps written since the last call, in write order.
+
+    It reads the end flags (and trajectory ids) of the new steps only, extends the episode
+    being written (the *open* episode), and files each episode that ends into
+    :class:`_Episodes` unless steps of it were lost. An episode whose slots get
+    overwritten is removed. ``only_complete=False`` also lets the open episode be drawn.
+    """
+
+    def __init__(self, end_key, traj_key, only_complete):
+        self.end_key, self.traj_key, self.only_complete = end_key, traj_key, only_complete
+        self.episodes = _Episodes()
+        self.owner = torch.full((0,), -1, dtype=torch.long)  # episode id per slot, -1 none
+        self.open_id, self.open_parts, self.open_whole = None, [], True
+        self.last_traj = None  # trajectory id of the last step read
+
+    def __len__(self) -> int:
+        """Number of drawable episodes."""
+        return len(self.episodes) + self._open_drawable()
+
+    def _open_drawable(self) -> bool:
+        return not self.only_complete and self.open_whole and bool(self.open_parts)
+
+    def update(self, data: TensorDictBase, slots, stamps, alive) -> None:
+        """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
+        False where a slot was written again since (that step is lost)."""
+        if self.owner.numel() < data.shape[0]:
+            grown = torch.full((data.shape[0],), -1, dtype=torch.long)
+            grown[: self.owner.numel()] = self.owner
+            self.owner = grown
+        for episode in self.owner[slots].unique().tolist():  # episodes losing steps
+            if episode == self.open_id:
+                self.open_whole = False
+            elif episode in self.episodes:
+                self.episodes.remove(episode)
+        # keep the stored steps; an episode with lost steps before one of them is not whole
+        lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
+        slots, stamps = slots[alive], stamps[alive]
+        cut_after = self._read(data, self.end_key, slots, required=self.traj_key is None)
+        if cut_after is None:
+            cut_after = torch.zeros(slots.numel(), dtype=torch.bool)
+        elif cut_after.dtype != torch.bool:
+            raise TypeError(
+                f"end_key {self.end_key!r} must hold bool flags, got dtype {cut_after.dtype}; "
+                "store done flags as torch.bool (TorchRL's convention) or cast them before "
+                "rb.extend."
+            )
+        cut_after = cut_after.reshape(slots.numel(), -1).any(-1)  # last step of an episode
+        if self.traj_key is not None:
+            traj = self._read(data, self.traj_key, slots, required=True)
+            traj = traj.reshape(slots.numel(), -1)
+            cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
+            if self.open_parts and (traj[0] != self.last_traj).any():
+                self._close()
+            self.last_traj = traj[-1]
+        start = 0
+        for stop in (cut_after.nonzero().squeeze(-1) + 1).tolist():
+            self._extend(slots[start:stop], lost_before[start:stop], int(stamps[start]))
+            self._close()
+            start = stop
+        if start < slots.numel():
+            self._extend(slots[start:], lost_before[start:], int(stamps[start]))
+
+    @staticmethod
+    def _read(data, key, slots, *, required):
+        value = data.get(key, default=None)
+        if value is None and required:
+            raise ValueError(
+                f"key {key!r} not found in the storage (its keys: "
+                f"{sorted(map(str, data.keys(True, True)))}); pass end_key=/traj_key= naming "
+                "the episode-end flag or trajectory id the data holds."
+            )
+        return None if value is None else value[slots.to(value.device)].cpu()
+
+    def _extend(self, slots, lost_before, first_stamp) -> None:
+        if not self.open_parts:
+            self.open_id = first_stamp
+        self.open_whole &= not bool(lost_before.any())
+        self.open_parts.append(slots)
+        self.owner[slots] = self.open_id
+
+    def _close(self) -> None:
+        if self.open_parts and self.open_whole:
+            self.episodes.add(self.open_id, torch.cat(self.open_parts))
+        self.open_id, self.open_parts, self.open_whole = None, [], True
+
+    def draw(self, generator: torch.Generator) -> tuple[int, torch.Tensor]:
+        """(id, slots) of the episode of a uniformly drawn drawable step."""
+        total = self.episodes.total
+        open_length = sum(p.numel() for p in self.open_parts) if self._open_drawable() else 0
+        step = int(torch.randint(total + open_length, (1,), generator=generator))
+        if step >= total:
+            return self.open_id, torch.cat(self.open_parts)
+        return self.episodes.at_step(step)
+
+    def all(self) -> list[tuple[int, torch.Tensor]]:
+        """(id, slots) of every drawable episode."""
+        drawn = list(zip(self.episodes.ids, self.episodes.slots))
+        if self._open_drawable():
+            drawn.append((self.open_id, torch.cat(self.open_parts)))
+        return drawn
+
+    def state(self) -> dict:
+        open_slots = torch.cat(self.open_parts or [torch.zeros(0, dtype=torch.long)])
+        return {
+            "ids": torch.tensor(self.episodes.ids, dtype=torch.long),
+            "lengths": torch.tensor([s.numel() for s in self.episodes.slots], dtype=torch.long),
+            "slots": torch.cat(self.episodes.slots or [torch.zeros(0, dtype=torch.long)]),
+            "open_id": -1 if self.open_id is None else self.open_id,
+            "open_slots": open_slots,
+            "open_whole": self.open_whole,
+            "last_traj": self.last_traj,
+        }
+
+    def load(self, state: dict, size: int) -> None:
+        self.owner = torch.full((size,), -1, dtype=torch.long)
+        slots = state["slots"].split(state["lengths"].tolist())
+        for episode, episode_slots in zip(state["ids"].tolist(), slots):
+            self.episodes.add(episode, episode_slots.clone())
+            self.owner[episode_slots] = episode
+        if state["open_slots"].numel():
+            self.open_id, self.open_parts = state["open_id"], [state["open_slots"].clone()]
+            self.owner[state["open_slots"]] = self.open_id
+        self.open_whole, self.last_traj = state["open_whole"], state["last_traj"]
 
 
 class _Segment:
@@ -182,8 +361,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     Episodes come from ``end_key`` flags (the last step of an episode has it True) or,
     when ``traj_key`` is given, from changes of trajectory id (and ``end_key`` where it is
-    stored). Only complete episodes are drawn unless ``only_complete=False``: an episode
-    still being written, or one whose first steps were overwritten, is left out.
+    stored). The episode still being written is drawn only with ``only_complete=False``
+    (as it is at that moment); an episode that lost steps to overwriting is never drawn.
 
     Ring buffers: a step whose slot was rewritten after its episode was queued is never
     emitted; the stream drops the rest of that episode and its next step is an episode
@@ -204,8 +383,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
     generator state, so a resumed run emits the same chunks as an uninterrupted one.
 
-    Cost: each sample does O(B + queued pieces) Python work besides the gather; after new
-    writes it rereads the storage's end flags once, O(storage length).
+    Cost: each sample does O(B + queued pieces) Python work besides the gather, plus
+    O(new steps) to read the end flags of the steps written since the last sample.
 
     Args:
         num_streams (int): number of streams ``B`` (>= 1), the first batch dim.
@@ -221,7 +400,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
         replacement (bool): ``True`` draws episodes in proportion to their length;
             ``False`` deals every episode once per epoch. Defaults to ``True``.
-        only_complete (bool): draw only complete episodes. Defaults to ``True``.
+        only_complete (bool): draw only episodes whose last step is stored; ``False``
+            also draws the one being written (continuing tasks). Defaults to ``True``.
         generator (torch.Generator, optional): source of randomness. Defaults to the
             replay buffer's generator when it has one, else a CPU generator seeded from
             torch's global RNG.
@@ -309,8 +489,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _empty(self) -> None:
         self._log = _WriteLog()
-        self._table = None
-        self._table_clock = None  # write clock the table (and the queues' check) reflect
+        self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete)
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
         self._remaining_batches = torch.iinfo(torch.int64).max if self.replacement else 0
@@ -335,7 +514,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         return self._generator
 
     def can_sample(self, storage: Storage, batch_size: int) -> bool:
-        return len(storage) > 0 and len(self._refresh(storage, raise_empty=False)) > 0
+        self._sync(storage)
+        return len(self._tracker) > 0
 
     # ---------------------------------------------------------------------------- sampling
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
@@ -345,108 +525,65 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"batch_size must be num_streams * seq_len = {B} * {T} = {B * T}, got "
                 f"{batch_size}; build the replay buffer with batch_size={B * T}."
             )
-        table = self._refresh(storage, raise_empty=True)
+        self._sync(storage)
+        if not len(self._tracker):
+            raise ValueError(
+                f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
+                f"in the storage: it holds {len(storage)} step(s) of capacity "
+                f"{storage.max_size} and no whole episode ends in it ({self.end_key!r} never "
+                f"True{'' if self.traj_key is None else f' and {self.traj_key!r} never changes'}"
+                " after a whole episode). Write whole episodes before sampling, or pass "
+                "only_complete=False to draw the episode still being written; an episode "
+                "longer than the storage capacity can never be stored whole, so raise the "
+                "capacity."
+            )
         if self.replacement:
             for stream in self._streams:
                 while stream.unread < T:
-                    stream.push(table.segment(table.draw(self.generator), self._log.clock))
+                    episode, slots = self._tracker.draw(self.generator)
+                    stream.push(_Segment(slots, episode, 0, self._log.clock))
         elif all(stream.unread == 0 for stream in self._streams):
-            self._deal_epoch(table)
+            self._deal_epoch()
         rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
-        return self._chunk(rows, pad_slot=int(table.slots[table.starts[0]]))
+        return self._chunk(rows)
 
-    def _refresh(self, storage: Storage, *, raise_empty: bool) -> _EpisodeTable:
-        """Re-reads episodes and cuts stale queue entries when writes happened since last call."""
-        table = self._table
-        if table is None or self._table_clock != self._log.clock or len(table.slots) != len(storage):
-            self._table = self._find_episodes(storage)
-            self._table_clock = self._log.clock
-            for stream in self._streams:
-                stream.drop_stale(self._log.stamps)
-        if raise_empty and not len(self._table):
-            n = len(storage)
-            raise ValueError(
-                f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
-                f"in the storage: it holds {n} step(s) of capacity {storage.max_size} and no "
-                f"episode ends ({self.end_key!r} never True after a whole episode"
-                f"{'' if self.traj_key is None else f' and {self.traj_key!r} never changes'}). "
-                "Write whole episodes before sampling, or pass only_complete=False to draw "
-                "episodes still in progress; an episode longer than the storage capacity "
-                "can never be stored whole, so raise the capacity."
-            )
-        return self._table
-
-    def _find_episodes(self, storage: Storage) -> _EpisodeTable:
+    def _sync(self, storage: Storage) -> None:
+        """Reads the steps written since the last call; cuts queued steps overwritten since."""
         if storage.ndim != 1:
             raise ValueError(
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
-        n = len(storage)
-        stamps = self._log.cover(n)
-        slots = torch.argsort(stamps)  # slots in write order
-        stamps = stamps[slots]
-        if n == 0:
-            return _EpisodeTable(slots, slots, slots, slots)
+        slots, stamps = self._log.take_pending(len(storage))
+        if not slots.numel():
+            return
         data = storage[:]
         if not isinstance(data, TensorDictBase):
             raise TypeError(
                 f"StreamChunkSampler needs a TensorDict storage, got {type(data).__name__} "
                 "entries; store TensorDicts (e.g. LazyTensorStorage)."
             )
-        end = self._read(data, self.end_key, required=self.traj_key is None)
-        if end is None:
-            end = torch.zeros(n, dtype=torch.bool)
-        elif end.dtype != torch.bool:
-            raise TypeError(
-                f"end_key {self.end_key!r} must hold bool flags, got dtype {end.dtype}; store "
-                "done flags as torch.bool (TorchRL's convention) or cast them before rb.extend."
-            )
-        end = end.reshape(n, -1).any(-1)[slots]
-        lost = stamps[1:] != stamps[:-1] + 1  # steps lost (overwritten) between t and t + 1
-        closed = end.clone()  # the step is known to end an episode
-        if self.traj_key is not None:
-            traj = self._read(data, self.traj_key, required=True).reshape(n, -1)[slots]
-            closed[:-1] |= (traj[1:] != traj[:-1]).any(-1) & ~lost
-        cut = closed.clone()
-        cut[:-1] |= lost
-        cut[-1] = True
-        stops = cut.nonzero().squeeze(-1)
-        starts = torch.cat([stops.new_zeros(1), stops[:-1] + 1])
-        if self.only_complete:
-            clean_start = torch.empty_like(starts, dtype=torch.bool)
-            clean_start[0] = bool(stamps[0] == self._log.origin)
-            clean_start[1:] = closed[starts[1:] - 1] & ~lost[starts[1:] - 1]
-            keep = closed[stops] & clean_start
-            starts, stops = starts[keep], stops[keep]
-        return _EpisodeTable(slots, starts, stops - starts + 1, stamps[starts])
+        alive = self._log.stamps[slots] == stamps
+        self._tracker.update(data, slots, stamps, alive)
+        for stream in self._streams:
+            stream.drop_stale(self._log.stamps)
 
-    @staticmethod
-    def _read(data, key, *, required):
-        value = data.get(key, default=None)
-        if value is None and required:
-            raise ValueError(
-                f"key {key!r} not found in the storage (its keys: "
-                f"{sorted(map(str, data.keys(True, True)))}); pass end_key=/traj_key= naming "
-                "the episode-end flag or trajectory id the data holds."
-            )
-        return None if value is None else value.cpu()
-
-    def _deal_epoch(self, table: _EpisodeTable) -> None:
+    def _deal_epoch(self) -> None:
         """Deals every episode once, in random order, to the least-filled stream."""
-        order = torch.randperm(len(table), generator=self.generator).tolist()
+        episodes = self._tracker.all()
         loads = [(0, b) for b in range(self.num_streams)]
-        for e in order:
+        for e in torch.randperm(len(episodes), generator=self.generator).tolist():
             load, b = heapq.heappop(loads)
-            segment = table.segment(e, self._log.clock)
-            self._streams[b].push(segment)
-            heapq.heappush(loads, (load + segment.slots.numel(), b))
+            episode, slots = episodes[e]
+            self._streams[b].push(_Segment(slots, episode, 0, self._log.clock))
+            heapq.heappush(loads, (load + slots.numel(), b))
         longest = max(stream.unread for stream in self._streams)
         self._remaining_batches = -(-longest // self.seq_len)
         self._ran_out = False
 
-    def _chunk(self, rows: list[list[_Segment]], pad_slot: int) -> tuple[torch.Tensor, dict]:
+    def _chunk(self, rows: list[list[_Segment]]) -> tuple[torch.Tensor, dict]:
         B, T = self.num_streams, self.seq_len
+        pad_slot = int(next(piece.slots[0] for row in rows for piece in row))
         slots, steps, episodes = [], [], []  # steps: step-in-episode, -1 on padding
         for row in rows:
             for piece in row:
@@ -478,9 +615,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         return {
             "num_streams": self.num_streams,
             "seq_len": self.seq_len,
-            "stamps": self._log.stamps.clone(),
-            "clock": self._log.clock,
-            "origin": self._log.origin,
+            "log": self._log.state(),
+            "episodes": self._tracker.state(),
             "generator": self.generator.get_state(),
             "segment_stream": as_long([b for b, _ in segments]),
             "segment_length": as_long([seg.slots.numel() for _, seg in segments]),
@@ -500,8 +636,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
             )
         self._empty()
-        self._log.stamps = state_dict["stamps"].clone()
-        self._log.clock, self._log.origin = state_dict["clock"], state_dict["origin"]
+        self._log.load(state_dict["log"])
+        self._tracker.load(state_dict["episodes"], size=self._log.stamps.numel())
         self.generator.set_state(state_dict["generator"])
         slots = state_dict["segment_slots"].split(state_dict["segment_length"].tolist())
         fields = zip(
