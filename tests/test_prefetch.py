@@ -57,6 +57,22 @@ def test_prefetched_chunks_equal_direct_sampling():
         assert (want == have).all()
 
 
+def test_replay_buffer_as_iterable_source_gives_one_epoch():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100),
+        sampler=StreamChunkSampler(2, 4, replacement=False),
+        batch_size=8,
+    )
+    done = torch.zeros(20, 1, dtype=torch.bool)
+    done[[4, 9, 19]] = True  # episodes of 5, 5 and 10 steps: streams of 10 steps each
+    rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
+    with ChunkPrefetcher(rb, depth=2) as chunks:
+        epoch = list(chunks)
+    assert len(epoch) == 3  # ceil(10 / 4) chunks
+    data = torch.cat(epoch, 1)
+    assert sorted(data["obs"][data["collector", "mask"]].tolist()) == list(range(20))
+
+
 def test_iterable_source_ends_and_thread_exits():
     source = [TensorDict({"k": torch.tensor(i)}, []) for i in range(5)]
     prefetcher = ChunkPrefetcher(source, depth=2)

@@ -371,8 +371,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     when the sampler first saw it is read in slot order.
 
     ``replacement=False`` (on-policy use): an epoch starts with every eligible episode
-    dealt once, in a random order, to the stream with the fewest steps so far (streams
-    balanced in length). Chunks then run until every stream is empty; a stream that runs
+    dealt once, longest first, to the stream with the fewest steps so far (streams
+    balanced in length), each stream then playing its episodes in random order. Chunks then run until every stream is empty; a stream that runs
     out first is padded (``mask_key`` False, ``is_first`` True, the padding repeats a
     valid slot). :attr:`ran_out` turns True with the last chunk of an epoch, so
     ``for chunk in rb:`` runs exactly one epoch; the next :meth:`sample` starts a new one.
@@ -569,14 +569,19 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             stream.drop_stale(self._log.stamps)
 
     def _deal_epoch(self) -> None:
-        """Deals every episode once, in random order, to the least-filled stream."""
+        """Deals every episode once: longest first to the least-filled stream (Graham's LPT
+        rule, ties in random order), then each stream's episodes in random order."""
         episodes = self._tracker.all()
+        shuffled = [episodes[e] for e in torch.randperm(len(episodes), generator=self.generator)]
+        dealt = [[] for _ in self._streams]
         loads = [(0, b) for b in range(self.num_streams)]
-        for e in torch.randperm(len(episodes), generator=self.generator).tolist():
+        for episode in sorted(shuffled, key=lambda e: -e[1].numel()):
             load, b = heapq.heappop(loads)
-            episode, slots = episodes[e]
-            self._streams[b].push(_Segment(slots, episode, 0, self._log.clock))
-            heapq.heappush(loads, (load + slots.numel(), b))
+            dealt[b].append(episode)
+            heapq.heappush(loads, (load + episode[1].numel(), b))
+        for stream, own in zip(self._streams, dealt):
+            for e in torch.randperm(len(own), generator=self.generator).tolist():
+                stream.push(_Segment(own[e][1], own[e][0], 0, self._log.clock))
         longest = max(stream.unread for stream in self._streams)
         self._remaining_batches = -(-longest // self.seq_len)
         self._ran_out = False
