@@ -222,6 +222,20 @@ def test_counts_per_step():
     torch.testing.assert_close(inverse_total, torch.ones(16))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_counts_on_random_episodes(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (6,), generator=gen).tolist()
+    steps = sum(lengths)
+    window = int(torch.randint(1, min(steps, 6) + 1, (1,), generator=gen))
+    starts = range(steps - window + 1)
+    episode_start = [sum(lengths[:i]) for i, length in enumerate(lengths) for _ in range(length)]
+    holding = [[s for s in starts if s <= j < s + window] for j in range(steps)]
+    expected_mask = [sum(s >= episode_start[j] for s in holding[j]) for j in range(steps)]
+    assert contributions("mask", lengths, window)[0] == expected_mask
+    assert contributions("reset_continue", lengths, window)[0] == [len(h) for h in holding]
+
+
 def policy_losses(mode, lengths, advantage):
     actor, critic, _, _ = make_agent("contract")
     rollout = make_rollout([lengths, lengths], advantage=advantage)
