@@ -372,9 +372,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     ``replacement=False`` (on-policy use): an epoch starts with every eligible episode
     dealt once, longest first, to the stream with the fewest steps so far (streams
-    balanced in length), each stream then playing its episodes in random order. Chunks then run until every stream is empty; a stream that runs
-    out first is padded (``mask_key`` False, ``is_first`` True, the padding repeats a
-    valid slot). :attr:`ran_out` turns True with the last chunk of an epoch, so
+    balanced in length), each stream then playing its episodes in random order. Chunks
+    then run until every stream is empty; a stream that runs out first is padded
+    (``mask_key`` False, ``is_first`` True, the padding repeats a valid slot). :attr:`ran_out` turns True with the last chunk of an epoch, so
     ``for chunk in rb:`` runs exactly one epoch; the next :meth:`sample` starts a new one.
 
     The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
