@@ -374,8 +374,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     dealt once, longest first, to the stream with the fewest steps so far (streams
     balanced in length), each stream then playing its episodes in random order. Chunks
     then run until every stream is empty; a stream that runs out first is padded
-    (``mask_key`` False, ``is_first`` True, the padding repeats a valid slot). :attr:`ran_out` turns True with the last chunk of an epoch, so
-    ``for chunk in rb:`` runs exactly one epoch; the next :meth:`sample` starts a new one.
+    (``mask_key`` False, ``is_first`` True, the padding repeats a valid slot).
+    :attr:`ran_out` turns True with the last chunk of an epoch, so ``for chunk in rb:``
+    runs exactly one epoch; the next :meth:`sample` starts a new one.
 
     The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
     replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
