@@ -48,8 +48,9 @@ def parse_args():
     parser.add_argument("--episode-length", type=float, default=20.0, help="mean episode length")
     parser.add_argument("--envs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
@@ -121,14 +122,17 @@ def python_loop_gae(td, gamma, lmbda):
     return advantage
 
 
-def timed(fn):
+def timed(fn, repeat=1):
+    """Mean seconds per call over ``repeat`` back-to-back calls."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
 
 
 def main():
     args = parse_args()
+    torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(args.seed)
 
     # 1. loss modes: windows rows * (steps - window + 1) = args.windows
@@ -180,7 +184,7 @@ def main():
     gae_times = {name: [] for name in candidates}
     for round_ in range(args.warmup + args.rounds):
         for name, fn in candidates.items():
-            elapsed = timed(fn)
+            elapsed = timed(fn, repeat=5)  # a burst, so no candidate runs cold alone
             if round_ >= args.warmup:
                 gae_times[name].append(elapsed)
     gae_ratio = min(gae_times["boundary_gae"]) / min(gae_times["python loop"])
