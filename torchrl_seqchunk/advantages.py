@@ -10,10 +10,11 @@ resets, run backwards in time on the parallel scan of :func:`rnn_with_resets`.
 
 TorchRL's GAE kernels (``torchrl.objectives.value.functional``) give the same
 numbers from the same flags (the tests check it), but not the speed on CPU: the
-vectorised one pads every episode to the longest and convolves it with a filter of
-``log(1e-7) / log(gamma * lmbda)`` taps (about 260 for 0.99 * 0.95), which makes it
-slower than a per-step loop on a ``[64, 256]`` rollout, and the loop kernel is
-that loop. The scan takes ``log2(T)`` element-wise rounds.
+loop kernel takes ``T`` Python steps, and the vectorised one pads every episode to
+the longest and convolves it with a filter of ``log(1e-7) / log(gamma * lmbda)``
+taps (about 260 for 0.99 * 0.95), slower still on a ``[64, 256]`` rollout. The
+scan takes ``log2(T)`` element-wise rounds, several times faster than either
+there (``benchmarks/bench_ppo.py``).
 """
 from __future__ import annotations
 
