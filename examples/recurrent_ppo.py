@@ -1,0 +1,301 @@
+"""Recurrent PPO on a partially observable task, composed from TorchRL and torchrl_seqchunk.
+
+Default task: CartPole-v1 without its velocity components (the agent sees cart position
+and pole angle only), so it must infer velocities from memory.
+
+    python examples/recurrent_ppo.py                               # windows, reset_continue
+    python examples/recurrent_ppo.py --boundary-mode mask          # the usual masked baseline
+    python examples/recurrent_ppo.py --batching streams            # stream chunks + carry
+    python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
+
+Pipeline per iteration:
+  1. a TorchRL Collector steps `num_envs` envs; the actor and critic run ResetRNN in step
+     mode, so the rollout stores the memory each of them had at every step;
+  2. boundary_gae computes advantages on the rollout [num_envs, T];
+  3. `--batching windows`: make_windows cuts windows [N, W] and RecurrentPPOLoss unrolls
+     them with `--boundary-mode`; `--batching streams`: the rollout goes into a storage,
+     StreamChunkSampler(replacement=False) + ChunkPrefetcher deliver chunks [B, L] and the
+     ResetRNN modules carry their state from one chunk to the next (truncated BPTT).
+Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import functools
+import itertools
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
+from torchrl.objectives import ClipPPOLoss
+from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules.distributions import NormalParamExtractor
+from tqdm import tqdm
+
+from torchrl_seqchunk import (
+    ChunkPrefetcher,
+    RecurrentPPOLoss,
+    ResetRNN,
+    StreamChunkSampler,
+    boundary_gae,
+    make_windows,
+)
+from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
+
+
+@dataclasses.dataclass
+class Config:
+    env: str = "CartPole-v1"
+    keep: str = "auto"  # observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)
+    total_frames: int = 500_000
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 1  # torch intra-op threads; small models run fastest on one
+    num_envs: int = 8
+    parallel: bool = False  # ParallelEnv workers instead of SerialEnv (cheap envs: serial wins)
+    name: str = ""  # run directory name under runs/; "" = derived from the options
+    runs_dir: str = "runs"
+    # collection
+    rollout_len: int = 32  # T: steps per env per iteration -> frames_per_batch = num_envs * T
+    # model
+    hidden: int = 64
+    # PPO
+    gamma: float = 0.99
+    lmbda: float = 0.95
+    lr: float = 1e-3
+    anneal_lr: bool = True  # linear decay to 0 over total_frames
+    epochs: int = 10
+    minibatches: int = 1
+    clip_epsilon: float = 0.2
+    entropy_coeff: float = 0.0
+    critic_coeff: float = 0.5
+    max_grad_norm: float = 0.5
+    # batching
+    batching: str = "windows"  # "windows" | "streams"
+    boundary_mode: str = "reset_continue"  # windows: "reset_continue" | "mask" | "inverse_count"
+    window: int = 8  # W
+    stride: int = 1
+    num_streams: int = 8  # streams: B
+    chunk_len: int = 32  # streams: L
+    # reporting
+    return_window: int = 20  # episodes averaged in the reported mean return
+    target_return: float = 450.0  # frames-to-target is printed and logged
+    stop_at_target: bool = False  # end the run once the mean return reaches target_return
+
+
+CHOICES = {"batching": ("windows", "streams"), "boundary_mode": ("reset_continue", "mask", "inverse_count")}
+LOGGED = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx")
+
+
+def parse_args(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for field in dataclasses.fields(Config):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+        else:
+            parser.add_argument(flag, type=type(field.default), default=field.default,
+                                choices=CHOICES.get(field.name))
+    cfg = Config(**vars(parser.parse_args(argv)))
+    if not cfg.name:
+        mode = cfg.boundary_mode if cfg.batching == "windows" else "streams"
+        cfg.name = f"{cfg.env.replace('/', '_')}_{mode}_seed{cfg.seed}"
+    return cfg
+
+
+def make_env(cfg: Config) -> TransformedEnv:
+    if cfg.keep in ("auto", "all"):
+        keep = DEFAULT_KEEP.get(cfg.env) if cfg.keep == "auto" else None
+    else:
+        keep = tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
+    factory = functools.partial(make_masked_env, cfg.env, keep)  # picklable for workers
+    batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
+    # is_first: True on the first step of every episode, what ResetRNN resets on.
+    return TransformedEnv(batched, Compose(InitTracker(init_key="is_first"), RewardSum()))
+
+
+def make_agent(cfg: Config, env: TransformedEnv):
+    """Actor and critic, each an MLP encoder -> ResetRNN(GRU) -> head."""
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    action_spec = env.full_action_spec_unbatched["action"]
+    discrete = action_spec.domain == "discrete"
+    streams = cfg.batching == "streams"
+
+    def trunk(prefix: str) -> tuple[TensorDictSequential, ResetRNN]:
+        rnn = ResetRNN(
+            nn.GRU(cfg.hidden, cfg.hidden, batch_first=True),
+            in_key=f"{prefix}_embed",
+            out_key=f"{prefix}_features",
+            state_key=f"{prefix}_state",
+            # at a reset slot inside a training sequence, use the memory stored when acting
+            reset_state_key=f"{prefix}_state",
+            carry=streams,  # streams: chunk k+1 continues from chunk k's final state
+        )
+        encoder = TensorDictModule(
+            nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()),
+            in_keys=["observation"], out_keys=[f"{prefix}_embed"],
+        )
+        return TensorDictSequential(encoder, rnn), rnn
+
+    actor_trunk, actor_rnn = trunk("actor")
+    critic_trunk, critic_rnn = trunk("critic")
+    if discrete:
+        head = TensorDictModule(MLP(in_features=cfg.hidden, out_features=action_spec.shape[-1],
+                                    num_cells=[cfg.hidden]), in_keys=["actor_features"], out_keys=["logits"])
+        dist_keys, dist_class, dist_kwargs = ["logits"], OneHotCategorical, {}
+    else:
+        head = TensorDictModule(
+            nn.Sequential(MLP(in_features=cfg.hidden, out_features=2 * action_spec.shape[-1],
+                              num_cells=[cfg.hidden]), NormalParamExtractor()),
+            in_keys=["actor_features"], out_keys=["loc", "scale"])
+        dist_keys, dist_class = ["loc", "scale"], TanhNormal
+        dist_kwargs = {"low": action_spec.space.low, "high": action_spec.space.high}
+    actor = ProbabilisticActor(
+        TensorDictSequential(actor_trunk, head), in_keys=dist_keys, spec=action_spec,
+        distribution_class=dist_class, distribution_kwargs=dist_kwargs, return_log_prob=True,
+    )
+    critic = TensorDictSequential(
+        critic_trunk,
+        ValueOperator(MLP(in_features=cfg.hidden, out_features=1, num_cells=[cfg.hidden]),
+                      in_keys=["critic_features"]),
+    )
+    return actor, critic, (actor_rnn, critic_rnn)
+
+
+def plot_curve(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(r["frames"], r["return_mean"]) for r in rows if r["return_mean"] == r["return_mean"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if points:
+        ax.plot(*zip(*points))
+    ax.set(xlabel="frames", ylabel="mean episode return", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(cfg: Config) -> list[dict]:
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    out_dir = Path(cfg.runs_dir) / cfg.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    env = make_env(cfg)
+    actor, critic, rnns = make_agent(cfg, env)
+    # The primers declare each ResetRNN's memory in the env specs: zeros at reset, carried
+    # from ("next", state) to the root by the collector.
+    env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
+    env.set_seed(cfg.seed)
+    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+
+    frames_per_batch = cfg.num_envs * cfg.rollout_len
+    collector = Collector(
+        env, TensorDictSequential(actor, critic),  # the critic also runs, storing its memory
+        frames_per_batch=frames_per_batch, total_frames=cfg.total_frames, device=cfg.device,
+        auto_register_policy_transforms=False,  # InitTracker(init_key="is_first") is there
+    )
+    ppo_options = dict(clip_epsilon=cfg.clip_epsilon, entropy_coeff=cfg.entropy_coeff,
+                       critic_coeff=cfg.critic_coeff, loss_critic_type="l2", normalize_advantage=True)
+    memory_keys = [k for rnn in rnns for k in rnn.state_keys]
+    if cfg.batching == "windows":
+        loss_module = RecurrentPPOLoss(actor, critic, boundary_mode=cfg.boundary_mode, **ppo_options)
+    else:
+        # Chunks continue each other, so the ResetRNNs carry their state and TorchRL's loss
+        # is enough; padded slots (("collector", "mask") False) are left out of its means,
+        # but not out of its advantage statistics: advantages are standardized per rollout.
+        loss_module = ClipPPOLoss(actor, critic, **{**ppo_options, "normalize_advantage": False})
+        buffer = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(frames_per_batch, device=cfg.device),
+            # each episode piece of the rollout once per epoch, in B balanced streams
+            sampler=StreamChunkSampler(cfg.num_streams, cfg.chunk_len, replacement=False,
+                                       traj_key=("collector", "traj_ids"), only_complete=False,
+                                       generator=torch.Generator().manual_seed(cfg.seed)),
+            batch_size=cfg.num_streams * cfg.chunk_len,
+        )
+    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
+
+    def update(batches) -> TensorDictBase:
+        """One PPO gradient step per batch; returns the mean of the logged losses."""
+        logs = []
+        for batch in batches:
+            loss = loss_module(batch)
+            total = loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]
+            if cfg.batching == "streams":  # a chunk weighs what its real (unpadded) slots do
+                total = total * batch["collector", "mask"].float().mean()
+            optim.zero_grad()
+            total.backward()
+            nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)
+            optim.step()
+            logs.append(loss.detach().select(*LOGGED))
+        return torch.stack(logs).mean()
+
+    returns: deque[float] = deque(maxlen=cfg.return_window)
+    rows, frames, frames_to_target, start = [], 0, None, time.perf_counter()
+    with tqdm(total=cfg.total_frames, unit="frames") as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
+        writer = None
+        for rollout in collector:  # [num_envs, T]
+            frames += rollout.numel()
+            done = rollout["next", "done"].squeeze(-1)
+            returns.extend(rollout["next", "episode_reward"][done].squeeze(-1).tolist())
+
+            with torch.no_grad():  # V(next observation) under the memory held after each step
+                next_values = critic(rollout["next"].reshape(-1))["state_value"]  # step mode, [num_envs * T, 1]
+            rollout["next", "state_value"] = next_values.view(*rollout.shape, 1)
+            boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
+
+            if cfg.batching == "windows":
+                windows = make_windows(rollout, cfg.window, stride=cfg.stride, memory_key=memory_keys)  # [N, W]
+                losses = update([windows[idx] for _ in range(cfg.epochs)
+                                 for idx in torch.randperm(windows.shape[0]).chunk(cfg.minibatches)])
+            else:
+                advantage = rollout["advantage"]
+                rollout["advantage"] = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-8)
+                buffer.empty()
+                buffer.extend(rollout.reshape(-1))  # [num_envs * T] steps, env after env
+                # iterating the buffer is one epoch of [B, L] chunks; the prefetcher keeps their order
+                epochs = itertools.chain.from_iterable(itertools.repeat(buffer, cfg.epochs))
+                with ChunkPrefetcher(epochs, device=cfg.device) as chunks:
+                    losses = update(chunks)
+            collector.update_policy_weights_()
+            if cfg.anneal_lr:
+                for group in optim.param_groups:
+                    group["lr"] = cfg.lr * max(0.0, 1 - frames / cfg.total_frames)
+
+            return_mean = sum(returns) / len(returns) if returns else float("nan")
+            if frames_to_target is None and len(returns) == returns.maxlen and return_mean >= cfg.target_return:
+                frames_to_target = frames
+            row = {"frames": frames, "wall_s": round(time.perf_counter() - start, 2),
+                   "episodes": len(returns), "return_mean": return_mean,
+                   **{k: losses[k].item() for k in LOGGED}}
+            rows.append(row)
+            if writer is None:
+                writer = csv.DictWriter(f, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+            f.flush()
+            bar.update(rollout.numel())
+            bar.set_postfix(ret=f"{return_mean:.1f}", loss=f"{row['loss_objective']:.3f}")
+            if cfg.stop_at_target and frames_to_target is not None:
+                break
+    collector.shutdown()
+    plot_curve(rows, out_dir / "learning_curve.png", cfg.name)
+    print(f"frames_to_{cfg.target_return:g}: {frames_to_target} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
+    return rows
+
+
+if __name__ == "__main__":
+    main(parse_args())
