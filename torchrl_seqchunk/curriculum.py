@@ -42,6 +42,7 @@ composed exactly like ``ParallelEnv``.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Callable
 
 import numpy as np
@@ -268,7 +269,14 @@ class _ReplayRestore:
 
 
 class _ALERestore:
-    """ALE emulator frames: nearest snapshot (demo's or cached here), then ``ale.act`` per demo action."""
+    """ALE emulator frames: nearest earlier state, then ``ale.act`` per demo action.
+
+    Earlier states: the demo's snapshots, the states this process cached every
+    ``snapshot_every`` frames while replaying, and the state one frame before the
+    last restored point (envs keep their starting point until the maximum moves).
+    A restored ALE state shows its screen only after the next frame, so replays
+    always start strictly below ``k``.
+    """
 
     def __init__(self, demo: Demo, seed: int | None, snapshot_every: int) -> None:
         if demo.meta.get("frameskip", 1) != 1:
@@ -277,14 +285,27 @@ class _ALERestore:
                 f"frameskip={demo.meta['frameskip']}; use restore='replay' with the same frame skip."
             )
         self.demo, self.seed, self.snapshot_every = demo, seed, snapshot_every
-        self.cache: dict[int, object] = {}
+        self.steps = sorted(demo.snapshots)  # steps with a stored or cached state
+        self.cache: dict[int, object] = {}  # step -> ALEState
+        self.last: tuple[int, object] | None = None
 
-    def _snapshot(self, k: int):
-        if k not in self.cache:
+    def _nearest_below(self, k: int):
+        i = bisect.bisect_left(self.steps, k)
+        if self.last is not None and self.last[0] < k and (i == 0 or self.last[0] > self.steps[i - 1]):
+            return self.last
+        if i == 0:
+            return 0, None
+        step = self.steps[i - 1]
+        if step not in self.cache:
             import ale_py
 
-            self.cache[k] = ale_py.ALEState(self.demo.snapshots[k])
-        return self.cache[k]
+            self.cache[step] = ale_py.ALEState(self.demo.snapshots[step])
+        return step, self.cache[step]
+
+    def _store(self, step: int, state) -> None:
+        if step not in self.cache:
+            self.cache[step] = state
+            bisect.insort(self.steps, step)
 
     def __call__(self, env, k: int):
         unwrapped = env.unwrapped
@@ -295,21 +316,20 @@ class _ALERestore:
             )
         _check_not_sticky(env)
         ale, action_set = unwrapped.ale, unwrapped._action_set
-        # a restored ALE state shows its screen only after the next frame: start strictly below k
-        known = [s for s in {*self.cache, *self.demo.snapshots} if s < k]
-        if known:
-            start = max(known)
-            ale.restoreState(self._snapshot(start))
-        else:
+        start, state = self._nearest_below(k)
+        if state is None:
             env.reset(seed=self.seed)
-            start = 0
-            self.cache[0] = ale.cloneState()
+            self._store(0, ale.cloneState())
+        else:
+            ale.restoreState(state)
         for step in range(start, k):
+            if step == k - 1:
+                self.last = (step, ale.cloneState())
             reward = ale.act(action_set[self.demo.actions[step]])
             if not np.isclose(reward, self.demo.rewards[step]):
                 raise _diverged(self.demo, step, reward)
             if (step + 1) % self.snapshot_every == 0:
-                self.cache.setdefault(step + 1, ale.cloneState())
+                self._store(step + 1, ale.cloneState())
         return unwrapped._get_obs()
 
 
