@@ -457,3 +457,44 @@ def test_custom_cell_state_layout_comes_from_h0():
     y_ref, (_, z_ref) = reference(cell, x, is_first, h0, zeros)
     torch.testing.assert_close(y, y_ref)
     torch.testing.assert_close(z, z_ref)
+
+
+def test_module_cast_after_construction_builds_states_of_the_new_dtype():
+    rnn = nn.LSTM(F, H, num_layers=2, batch_first=True)
+    module = ResetRNN(rnn)
+    x, is_first = torch.randn(B, T, F, dtype=torch.float64), random_flags()
+    module(chunk(x.float(), is_first))  # a float32 carry, then the module is cast
+    carried = [c.double() for c in module._carry]
+    module.double()
+    y = module(chunk(x, is_first))["features"]
+    zeros = [torch.zeros(B, T, 2, H, dtype=torch.float64)] * 2
+    y_ref, _ = reference(rnn, x, is_first, carried, zeros)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, y_ref)
+    step = module(TensorDict({"embed": x[:, 0], "is_first": is_first[:, 0, None]}, [B]))
+    assert step["recurrent_state", "h"].dtype == torch.float64
+    primer = module.make_tensordict_primer()
+    assert primer.primers["recurrent_state", "c"].dtype == torch.float64
+
+
+def test_scan_ignores_a_garbage_state_replaced_at_t0():
+    """A reset at t = 0 replaces h0 whatever it holds (e.g. torch.empty), as the loop does."""
+    cell = MinGRUCell(F, H)
+    x, is_first = torch.randn(B, T, F), random_flags()
+    is_first[:, 0] = True
+    garbage = torch.full((B, H), float("nan"))
+    y, h = rnn_with_resets(cell, x, is_first, garbage, backend="scan")
+    y_ref, (h_ref,) = reference(cell, x, is_first, (garbage,), (torch.zeros(B, T, H),))
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(h, h_ref)
+
+
+def test_missing_input_keys_are_named():
+    module = ResetRNN(nn.GRU(F, H, batch_first=True))
+    x, is_first = torch.randn(B, T, F), random_flags()
+    with pytest.raises(ValueError, match="'is_first'.*is_first_key="):
+        module(TensorDict({"embed": x}, [B, T]))
+    with pytest.raises(ValueError, match="'embed'.*in_key="):
+        module(TensorDict({"is_first": is_first}, [B, T]))
+    with pytest.raises(ValueError, match="'embed'.*in_key="):
+        module(TensorDict({"x": x[:, 0]}, [B]))

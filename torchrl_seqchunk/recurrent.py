@@ -303,9 +303,10 @@ def _scan(rnn, x, reset, h0, reset_value):
     if reset_value is not None:
         b = torch.where(mask, torch.addcmul(b, a, reset_value[0]), b)
     a = a.masked_fill(mask, 0.0)
-    # h0 becomes step -1 with a = 0, so the scan needs no special first step.
+    # h0 becomes step -1 with a = 0, so the scan needs no special first step; a row
+    # reset at t = 0 never reads h0 (0 * nan would still be nan).
     a = torch.cat([torch.zeros_like(h0[0]).unsqueeze(1), a], 1)
-    b = torch.cat([h0[0].unsqueeze(1), b], 1)
+    b = torch.cat([h0[0].masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
     span = 1
     while span < b.shape[1]:
         b = torch.cat([b[:, :span], torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])], 1)
@@ -590,7 +591,6 @@ class ResetRNN(TensorDictModuleBase):
         next_keys = [unravel_key(("next", k)) for k in self.state_keys]
         self.out_keys = [self.out_key, *self.state_keys, *next_keys]
         param = next(rnn.parameters(), torch.empty(0))
-        self._dtype = param.dtype
         self.initial = None
         if initial_state == "learned":
             self.initial = nn.ParameterList(
@@ -606,6 +606,21 @@ class ResetRNN(TensorDictModuleBase):
         return [unravel_key((key, name)) for name in names]
 
     # -- state helpers -------------------------------------------------------
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The rnn's current parameter dtype (it follows ``module.double()`` and such)."""
+        return next(self.rnn.parameters(), torch.empty(0)).dtype
+
+    def _get(self, tensordict: TensorDictBase, key, option: str) -> torch.Tensor:
+        value = tensordict.get(key, None)
+        if value is None:
+            raise ValueError(
+                f"key {key!r} not found in the input TensorDict (its keys: "
+                f"{sorted(map(str, tensordict.keys(True, True)))}); pass {option}= naming the "
+                "entry the data holds."
+            )
+        return value
+
     def _initial_state(self, batch: int, device) -> tuple:
         if self.initial is None:
             return tuple(
@@ -673,13 +688,14 @@ class ResetRNN(TensorDictModuleBase):
     def _sequence(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
         rows = tensordict.reshape(-1, shape[-1])
-        x = rows.get(self.in_key)
+        x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
-        reset = _reset_mask(rows.get(self.is_first_key), (batch, shape[-1]), "is_first")
+        is_first = self._get(rows, self.is_first_key, "is_first_key")
+        reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
         if self.carry and self._carry is not None:
             if self._carry[0].shape[0] == batch:
-                h0 = tuple(c.to(x.device) for c in self._carry)
+                h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
             elif not bool(reset[:, 0].all()):
                 raise ValueError(
                     f"the carried state holds {self._carry[0].shape[0]} rows but the input has "
@@ -701,7 +717,7 @@ class ResetRNN(TensorDictModuleBase):
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
         rows = tensordict.reshape(-1)
-        x = rows.get(self.in_key)
+        x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         initial = self._initial_state(batch, x.device)
         keys = rows.keys(include_nested=True)
