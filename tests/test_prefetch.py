@@ -1,3 +1,5 @@
+import doctest
+import gc
 import threading
 import time
 import traceback
@@ -7,7 +9,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler, prefetch
 
 
 def counter(delay=0.0):
@@ -118,3 +120,54 @@ def test_bad_arguments():
         ChunkPrefetcher(counter(), depth=2.0)
     with pytest.raises(TypeError, match="source must be a callable"):
         ChunkPrefetcher(42)
+
+
+def wait_for_no_prefetch_thread(seconds=2.0):
+    deadline = time.monotonic() + seconds
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not prefetch_threads()
+
+
+def test_dropped_prefetcher_stops_its_thread():
+    prefetcher = ChunkPrefetcher(counter(), depth=2)
+    next(prefetcher)
+    del prefetcher
+    gc.collect()
+    assert wait_for_no_prefetch_thread()
+
+
+def test_close_from_another_thread_ends_a_waiting_consumer():
+    release = threading.Event()
+
+    def blocked_source():
+        release.wait()
+        return TensorDict({"k": torch.tensor(0)}, [])
+
+    prefetcher = ChunkPrefetcher(blocked_source, depth=1)
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(next(prefetcher, "ended")))
+    consumer.start()
+    closer = threading.Thread(target=prefetcher.close)
+    closer.start()
+    while not prefetcher._stop.is_set():
+        time.sleep(0.001)
+    release.set()  # the worker returns, sees the stop and ends
+    closer.join(2.0)
+    consumer.join(2.0)
+    assert not consumer.is_alive() and got == ["ended"]
+    assert not prefetch_threads()
+
+
+def test_a_generator_function_is_refused():
+    def chunks():
+        yield TensorDict({"k": torch.tensor(0)}, [])
+
+    with pytest.raises(TypeError, match=r"generator function.*source=chunks\(\)"):
+        ChunkPrefetcher(chunks)
+    assert [c["k"].item() for c in ChunkPrefetcher(chunks())] == [0]
+
+
+def test_docstring_example_runs():
+    result = doctest.testmod(prefetch)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,6 +1,7 @@
 """Background preparation of chunks, strictly in order."""
 from __future__ import annotations
 
+import inspect
 import queue
 import threading
 from collections.abc import Callable, Iterable
@@ -15,6 +16,34 @@ _DONE = object()  # the source is exhausted
 class _Failure:
     def __init__(self, error: BaseException):
         self.error = error
+
+
+def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device) -> None:
+    """The worker loop. It holds no reference to its :class:`ChunkPrefetcher`, so a
+    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it."""
+
+    def put(item) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    try:
+        while not stop.is_set():
+            try:
+                chunk = next_chunk()
+            except StopIteration:
+                put(_DONE)
+                return
+            if pin_memory:
+                chunk = chunk.pin_memory()
+            if device is not None:
+                chunk = chunk.to(device, non_blocking=True)
+            put(chunk)
+    except BaseException as error:  # handed to the consumer
+        put(_Failure(error))
 
 
 class ChunkPrefetcher:
@@ -32,7 +61,9 @@ class ChunkPrefetcher:
     ``.pin_memory`` are used when a device is given). The iteration ends when an iterable
     source is exhausted; a callable source never ends. An exception raised in the worker
     is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
-    :meth:`close` (also on leaving a ``with`` block) stops and joins the thread.
+    :meth:`close` (also on leaving a ``with`` block) stops and joins the thread and ends
+    the iteration, also for a consumer waiting in another thread; a prefetcher dropped
+    without it stops its thread when garbage-collected.
 
     The worker runs up to ``depth + 1`` chunks ahead of the consumer, so a sampler state
     saved while it runs is ahead by the chunks prepared but not yet consumed; a resumed
@@ -49,7 +80,8 @@ class ChunkPrefetcher:
             Defaults to ``None``: pin when ``device`` is a CUDA device.
 
     Raises:
-        TypeError: ``source`` is neither callable nor iterable; ``depth`` not an int.
+        TypeError: ``source`` is neither callable nor iterable, or is a generator
+            function (pass the generator it returns); ``depth`` not an int.
         ValueError: ``depth`` < 1.
 
     Examples:
@@ -78,6 +110,12 @@ class ChunkPrefetcher:
         device: torch.device | str | None = None,
         pin_memory: bool | None = None,
     ):
+        if inspect.isgeneratorfunction(source):
+            raise TypeError(
+                f"source is a generator function ({source.__name__}), whose calls return "
+                f"generators, not chunks; pass the generator itself, e.g. "
+                f"source={source.__name__}()."
+            )
         if callable(source):
             self._next = source
         elif isinstance(source, Iterable):
@@ -97,32 +135,13 @@ class ChunkPrefetcher:
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
-        self._thread = threading.Thread(target=self._work, name="ChunkPrefetcher", daemon=True)
+        self._thread = threading.Thread(
+            target=_work,
+            args=(self._next, self._queue, self._stop, self.pin_memory, self.device),
+            name="ChunkPrefetcher",
+            daemon=True,
+        )
         self._thread.start()
-
-    def _work(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    chunk = self._next()
-                except StopIteration:
-                    self._put(_DONE)
-                    return
-                if self.pin_memory:
-                    chunk = chunk.pin_memory()
-                if self.device is not None:
-                    chunk = chunk.to(self.device, non_blocking=True)
-                self._put(chunk)
-        except BaseException as error:  # handed to the consumer
-            self._put(_Failure(error))
-
-    def _put(self, item) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
 
     def __iter__(self):
         return self
@@ -149,6 +168,12 @@ class ChunkPrefetcher:
                 pass
         self._thread.join()
         self._finished = True
+        try:  # the worker's last put may have landed
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        self._queue.put_nowait(_DONE)  # wakes a consumer waiting in another thread
 
     def __enter__(self) -> ChunkPrefetcher:
         return self
