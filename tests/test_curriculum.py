@@ -95,6 +95,7 @@ def test_due_and_state_dict_round_trip():
         ({"decay": 0.0}, "decay"),
         ({"move_threshold": 0.0}, "move_threshold"),
         ({"maximum": 100}, "maximum"),
+        ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 4 points
     ],
 )
 def test_manager_rejects_bad_arguments(kwargs, match):
@@ -229,6 +230,29 @@ def test_single_env_assigns_records_and_moves():
     manager.record([20], [True])
     manager.update()
     assert env.reset()["starting_point"].item() == 20
+
+
+def test_single_env_rollout_auto_resets_get_fresh_points():
+    demo = toy_demo()
+    manager = ResetManager(len(demo), 1, window=1, move_threshold=1.0, update_every=1)
+    env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, manager, restore="replay"))
+    manager.maximum = 30
+    manager.record([12], [True])  # pending until the first episode ends
+    data = env.rollout(4, break_when_any_done=False)
+    # from >= 10 the total is already reached: every episode is one successful step; the first
+    # one triggers an update that moves the maximum to 12, and the auto-resets pick it up
+    assert data["starting_point"].squeeze(-1).tolist() == [30, 12, 12, 12]
+    assert data["observation"][:, 1].tolist() == [30, 12, 12, 12]
+    assert data["next", "success"].all() and manager.maximum == 12
+
+
+def test_manager_size_must_match_env():
+    demo = toy_demo()
+    env = TransformedEnv(
+        GymWrapper(ChainEnv()), ReverseCurriculum(demo, ResetManager(len(demo), 2), restore="replay")
+    )
+    with pytest.raises(ValueError, match=r"ResetManager\(len\(demo\), 1\)"):
+        env.reset()
 
 
 def test_assigning_role_needs_restoring_workers():

@@ -100,8 +100,10 @@ class ResetManager:
 
     Raises:
         ValueError: a count is not positive, ``decay`` is outside ``(0, 1]``,
-            ``move_threshold`` is not positive or ``maximum`` is outside
-            ``[0, N - 1]``.
+            ``move_threshold`` is not positive, ``move_threshold * window``
+            exceeds ``min(num_envs, window)`` (the most success mass the
+            current window's points can hold, so it could never move back by
+            itself), or ``maximum`` is outside ``[0, N - 1]``.
 
     Examples:
         >>> manager = ResetManager(1000, 8, window=32)
@@ -138,6 +140,12 @@ class ResetManager:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
         if not move_threshold > 0:
             raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
+        if move_threshold * window > min(num_envs, window):
+            raise ValueError(
+                f"move_threshold * window = {move_threshold * window:g} exceeds the success mass the "
+                f"{min(num_envs, window)} distinct starting points of one window can reach; lower "
+                "move_threshold or window, or add envs."
+            )
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}; use 1.0 to keep rates.")
         self.demo_length, self.num_envs = demo_length, num_envs
@@ -212,6 +220,7 @@ class ResetManager:
         return self.maximum
 
     def state_dict(self) -> dict:
+        """Maximum, stored rates (float64 ``[demo_length]``), last batch success rate and pending episodes."""
         return {
             "maximum": self.maximum,
             "rates": self.rates.clone(),
@@ -221,6 +230,7 @@ class ResetManager:
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restores :meth:`state_dict`; raises ValueError if it was saved for another demo length."""
         rates = torch.as_tensor(state_dict["rates"], dtype=torch.float64)
         if rates.shape != (self.demo_length,):
             raise ValueError(
