@@ -1,3 +1,4 @@
+import doctest
 import math
 
 import pytest
@@ -8,6 +9,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_seqchunk import StreamChunkSampler
+from torchrl_seqchunk import sampler as sampler_module
 
 
 def episodes(lengths, first_obs=0, first_episode=0, done_last=True):
@@ -332,3 +334,97 @@ def test_wrong_batch_size_and_state_mismatch():
         rb.sample(5)
     with pytest.raises(ValueError, match="num_streams, seq_len"):
         StreamChunkSampler(3, 3).load_state_dict(rb.sampler.state_dict())
+
+
+def interleaved_collector_batches():
+    """Two envs, two collector batches [2 envs, 3 steps], each flattened env after env.
+
+    (traj, k) per step; traj 0 runs over both batches, traj 2 too (on env 1):
+      batch 1: env 0 (0,0) (0,1) (0,2)        env 1 (1,0) (1,1)end (2,0)
+      batch 2: env 0 (0,3)end (3,0) (3,1)     env 1 (2,1) (2,2)end (4,0)
+    Complete episodes: traj 0 (4 steps), 1 (2 steps), 2 (3 steps); 3 and 4 still run.
+    """
+    def batch(traj, k, done):
+        n = len(traj)
+        return TensorDict(
+            {
+                "traj": torch.tensor(traj), "k": torch.tensor(k),
+                ("collector", "traj_ids"): torch.tensor(traj),
+                ("next", "done"): torch.tensor(done).reshape(n, 1),
+            },
+            [n],
+        )
+
+    first = batch([0, 0, 0, 1, 1, 2], [0, 1, 2, 0, 1, 0], [0, 0, 0, 0, 1, 0])
+    second = batch([0, 3, 3, 2, 2, 4], [3, 0, 1, 1, 2, 0], [1, 0, 0, 0, 1, 0])
+    for data in (first, second):
+        data["next", "done"] = data["next", "done"].bool()
+    return first, second
+
+
+@pytest.mark.parametrize("only_complete", [True, False])
+def test_trajectories_interleaved_by_a_collector_are_stitched(only_complete):
+    rb = buffer(1, 12, replacement=False, only_complete=only_complete,
+                traj_key=("collector", "traj_ids"))
+    for data in interleaved_collector_batches():
+        rb.extend(data)
+    chunk = rb.sample()
+    real = chunk["collector", "mask"][0]
+    traj, k = chunk["traj"][0][real].tolist(), chunk["k"][0][real].tolist()
+    lengths = {0: 4, 1: 2, 2: 3} if only_complete else {0: 4, 1: 2, 2: 3, 3: 2, 4: 1}
+    assert real.sum() == sum(lengths.values())
+    t = 0
+    while t < len(traj):  # the stream is whole trajectories, each in step order
+        episode = traj[t]
+        assert traj[t : t + lengths[episode]] == [episode] * lengths[episode]
+        assert k[t : t + lengths[episode]] == list(range(lengths[episode]))
+        t += lengths.pop(episode)
+    assert not lengths
+    assert chunk["is_first"][0, :, 0][real].tolist() == [step == 0 for step in k]
+
+
+def test_resume_between_collector_batches_keeps_running_trajectories():
+    def make():
+        return buffer(2, 3, traj_key=("collector", "traj_ids"),
+                      generator=torch.Generator().manual_seed(3))
+
+    first, second = interleaved_collector_batches()
+    rb = make()
+    rb.extend(first)
+    rb.sample()
+    state = rb.sampler.state_dict()
+    rb.extend(second)
+    expected = [rb.sample() for _ in range(4)]
+    resumed = make()
+    resumed.extend(first)
+    resumed.sampler.load_state_dict(state)
+    resumed.extend(second)
+    for want in expected:
+        have = resumed.sample()
+        assert have["k"].tolist() == want["k"].tolist()
+        assert have["traj"].tolist() == want["traj"].tolist()
+    assert set(torch.cat([c["traj"] for c in expected]).unique().tolist()) <= {0, 1, 2}
+
+
+def test_unflattened_collector_batch_is_refused():
+    rb = buffer(2, 3)
+    rb.extend(torch.stack([episodes([3]), episodes([3])]))  # [num_envs, T] in one slot each
+    with pytest.raises(ValueError, match=r"batch shape \[3\].*reshape\(-1\)"):
+        rb.sample()
+
+
+def test_running_trajectories_are_drawn_whole_so_far_with_replacement():
+    rb = buffer(4, 5, only_complete=False, traj_key=("collector", "traj_ids"))
+    for data in interleaved_collector_batches():
+        rb.extend(data)
+    lengths = {0: 4, 1: 2, 2: 3, 3: 2, 4: 1}  # 3 and 4 as written so far
+    data = torch.cat([rb.sample() for _ in range(30)], 1)
+    rows = torch.stack([data["traj"], data["k"], torch.zeros_like(data["k"])], -1)
+    rows[..., 2] = torch.arange(rows.shape[1])  # steps of an episode follow each other
+    check_streams(rows, data["is_first"].squeeze(-1), lengths)
+    assert set(data["traj"].unique().tolist()) == set(lengths)
+
+
+def test_docstring_example_runs():
+    result = doctest.testmod(sampler_module)
+    assert result.attempted > 0 and result.failed == 0

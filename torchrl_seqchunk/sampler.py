@@ -16,8 +16,9 @@ Small pieces do the bookkeeping, none of them scanning the whole storage:
 - :class:`_Episodes`: the drawable episodes; add and remove in O(1), draw one in
   proportion to its length by a binary search over cumulative lengths.
 - :class:`_EpisodeTracker`: reads the end flags of newly written steps only, grows the
-  episode being written, files it in :class:`_Episodes` when it ends and removes episodes
-  whose steps were overwritten.
+  episodes being written (one per trajectory id when the writes interleave several envs),
+  files each in :class:`_Episodes` when it ends and removes episodes whose steps were
+  overwritten.
 - :class:`_Stream`: a queue of segments with O(1) push and take from the head.
 """
 from __future__ import annotations
@@ -147,28 +148,45 @@ class _Episodes:
         return self.ids[position], self.slots[position]
 
 
+class _Open:
+    """An episode still being written: id, slots so far (in parts), and whether whole."""
+
+    __slots__ = ("id", "parts", "whole")
+
+    def __init__(self, episode, parts, whole):
+        self.id, self.parts, self.whole = episode, parts, whole
+
+
 class _EpisodeTracker:
     """Finds episodes in the steps written since the last call, in write order.
 
-    It reads the end flags (and trajectory ids) of the new steps only, extends the episode
-    being written (the *open* episode), and files each episode that ends into
+    It reads the end flags (and trajectory ids) of the new steps only, extends the episodes
+    being written (the *open* ones), and files each episode that ends into
     :class:`_Episodes` unless steps of it were lost. An episode whose slots get
-    overwritten is removed. ``only_complete=False`` also lets the open episode be drawn.
+    overwritten is removed. ``only_complete=False`` also lets open episodes be drawn.
+
+    With end flags alone there is one open episode. With trajectory ids and end flags an
+    episode ends at its end flag only: a collector's flattened ``[num_envs, T]`` batch
+    interleaves the envs' trajectories, so steps are filed under their trajectory id and a
+    trajectory cut by the batch end continues with its steps in the next batch. With
+    trajectory ids alone an episode ends where the id changes.
     """
 
     def __init__(self, end_key, traj_key, only_complete):
         self.end_key, self.traj_key, self.only_complete = end_key, traj_key, only_complete
         self.episodes = _Episodes()
         self.owner = torch.full((0,), -1, dtype=torch.long)  # episode id per slot, -1 none
-        self.open_id, self.open_parts, self.open_whole = None, [], True
+        self.open = {}  # trajectory id (a tuple; None without stitching) -> _Open
         self.last_traj = None  # trajectory id of the last step read
 
     def __len__(self) -> int:
         """Number of drawable episodes."""
-        return len(self.episodes) + self._open_drawable()
+        return len(self.episodes) + len(self._open_drawable())
 
-    def _open_drawable(self) -> bool:
-        return not self.only_complete and self.open_whole and bool(self.open_parts)
+    def _open_drawable(self) -> list[_Open]:
+        if self.only_complete:
+            return []
+        return [entry for entry in self.open.values() if entry.whole and entry.parts]
 
     def update(self, data: TensorDictBase, slots, stamps, alive) -> None:
         """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
@@ -177,38 +195,45 @@ class _EpisodeTracker:
             grown = torch.full((data.shape[0],), -1, dtype=torch.long)
             grown[: self.owner.numel()] = self.owner
             self.owner = grown
+        open_by_id = {entry.id: entry for entry in self.open.values()}
         for episode in self.owner[slots].unique().tolist():  # episodes losing steps
-            if episode == self.open_id:
-                self.open_whole = False
+            if episode in open_by_id:
+                open_by_id[episode].whole = False
             elif episode in self.episodes:
                 self.episodes.remove(episode)
         # keep the stored steps; an episode with lost steps before one of them is not whole
         lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
         slots, stamps = slots[alive], stamps[alive]
-        cut_after = self._read(data, self.end_key, slots, required=self.traj_key is None)
-        if cut_after is None:
-            cut_after = torch.zeros(slots.numel(), dtype=torch.bool)
-        elif cut_after.dtype != torch.bool:
+        ends = self._read(data, self.end_key, slots, required=self.traj_key is None)
+        stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
+        if ends is None:
+            ends = torch.zeros(slots.numel(), dtype=torch.bool)
+        elif ends.dtype != torch.bool:
             raise TypeError(
-                f"end_key {self.end_key!r} must hold bool flags, got dtype {cut_after.dtype}; "
+                f"end_key {self.end_key!r} must hold bool flags, got dtype {ends.dtype}; "
                 "store done flags as torch.bool (TorchRL's convention) or cast them before "
                 "rb.extend."
             )
-        cut_after = cut_after.reshape(slots.numel(), -1).any(-1)  # last step of an episode
+        ends = ends.reshape(slots.numel(), -1).any(-1)  # last step of an episode
+        cut_after, traj = ends.clone(), None  # cut_after: last step of a run of one episode
         if self.traj_key is not None:
             traj = self._read(data, self.traj_key, slots, required=True)
             traj = traj.reshape(slots.numel(), -1)
             cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
-            if self.open_parts and (traj[0] != self.last_traj).any():
-                self._close()
-            self.last_traj = traj[-1]
+            if not stitch:  # the id alone delimits episodes
+                if self.open and (traj[0] != self.last_traj).any():
+                    self._close(None)
+                self.last_traj = traj[-1]
+                ends, traj = cut_after, None
         start = 0
-        for stop in (cut_after.nonzero().squeeze(-1) + 1).tolist():
-            self._extend(slots[start:stop], lost_before[start:stop], int(stamps[start]))
-            self._close()
+        for stop in (cut_after.nonzero().squeeze(-1) + 1).tolist() + [slots.numel()]:
+            if start == stop:
+                continue
+            key = None if traj is None else tuple(traj[start].tolist())
+            self._extend(key, slots[start:stop], lost_before[start:stop], int(stamps[start]))
+            if ends[stop - 1]:
+                self._close(key)
             start = stop
-        if start < slots.numel():
-            self._extend(slots[start:], lost_before[start:], int(stamps[start]))
 
     @staticmethod
     def _read(data, key, slots, *, required):
@@ -221,43 +246,49 @@ class _EpisodeTracker:
             )
         return None if value is None else value[slots.to(value.device)].cpu()
 
-    def _extend(self, slots, lost_before, first_stamp) -> None:
-        if not self.open_parts:
-            self.open_id = first_stamp
-        self.open_whole &= not bool(lost_before.any())
-        self.open_parts.append(slots)
-        self.owner[slots] = self.open_id
+    def _extend(self, key, slots, lost_before, first_stamp) -> None:
+        entry = self.open.setdefault(key, _Open(first_stamp, [], True))
+        entry.whole &= not bool(lost_before.any())
+        entry.parts.append(slots)
+        self.owner[slots] = entry.id
 
-    def _close(self) -> None:
-        if self.open_parts and self.open_whole:
-            self.episodes.add(self.open_id, torch.cat(self.open_parts))
-        self.open_id, self.open_parts, self.open_whole = None, [], True
+    def _close(self, key) -> None:
+        entry = self.open.pop(key, None)
+        if entry is not None and entry.parts and entry.whole:
+            self.episodes.add(entry.id, torch.cat(entry.parts))
 
     def draw(self, generator: torch.Generator) -> tuple[int, torch.Tensor]:
         """(id, slots) of the episode of a uniformly drawn drawable step."""
         total = self.episodes.total
-        open_length = sum(p.numel() for p in self.open_parts) if self._open_drawable() else 0
-        step = int(torch.randint(total + open_length, (1,), generator=generator))
-        if step >= total:
-            return self.open_id, torch.cat(self.open_parts)
-        return self.episodes.at_step(step)
+        drawable = self._open_drawable()
+        open_lengths = [sum(p.numel() for p in entry.parts) for entry in drawable]
+        step = int(torch.randint(total + sum(open_lengths), (1,), generator=generator))
+        if step < total:
+            return self.episodes.at_step(step)
+        step -= total
+        for entry, length in zip(drawable, open_lengths):
+            if step < length:
+                return entry.id, torch.cat(entry.parts)
+            step -= length
 
     def all(self) -> list[tuple[int, torch.Tensor]]:
         """(id, slots) of every drawable episode."""
         drawn = list(zip(self.episodes.ids, self.episodes.slots))
-        if self._open_drawable():
-            drawn.append((self.open_id, torch.cat(self.open_parts)))
+        drawn += [(entry.id, torch.cat(entry.parts)) for entry in self._open_drawable()]
         return drawn
 
     def state(self) -> dict:
-        open_slots = torch.cat(self.open_parts or [torch.zeros(0, dtype=torch.long)])
+        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+        opened = [torch.cat(e.parts or [as_long([])]) for e in self.open.values()]
         return {
-            "ids": torch.tensor(self.episodes.ids, dtype=torch.long),
-            "lengths": torch.tensor([s.numel() for s in self.episodes.slots], dtype=torch.long),
-            "slots": torch.cat(self.episodes.slots or [torch.zeros(0, dtype=torch.long)]),
-            "open_id": -1 if self.open_id is None else self.open_id,
-            "open_slots": open_slots,
-            "open_whole": self.open_whole,
+            "ids": as_long(self.episodes.ids),
+            "lengths": as_long([s.numel() for s in self.episodes.slots]),
+            "slots": torch.cat(self.episodes.slots or [as_long([])]),
+            "open_keys": list(self.open),
+            "open_ids": as_long([e.id for e in self.open.values()]),
+            "open_lengths": as_long([s.numel() for s in opened]),
+            "open_slots": torch.cat(opened or [as_long([])]),
+            "open_whole": [e.whole for e in self.open.values()],
             "last_traj": self.last_traj,
         }
 
@@ -267,10 +298,13 @@ class _EpisodeTracker:
         for episode, episode_slots in zip(state["ids"].tolist(), slots):
             self.episodes.add(episode, episode_slots.clone())
             self.owner[episode_slots] = episode
-        if state["open_slots"].numel():
-            self.open_id, self.open_parts = state["open_id"], [state["open_slots"].clone()]
-            self.owner[state["open_slots"]] = self.open_id
-        self.open_whole, self.last_traj = state["open_whole"], state["last_traj"]
+        open_slots = state["open_slots"].split(state["open_lengths"].tolist())
+        fields = zip(state["open_keys"], state["open_ids"].tolist(), open_slots, state["open_whole"])
+        for key, episode, episode_slots, whole in fields:
+            parts = [episode_slots.clone()] if episode_slots.numel() else []
+            self.open[key] = _Open(episode, parts, whole)
+            self.owner[episode_slots] = episode
+        self.last_traj = state["last_traj"]
 
 
 class _Segment:
@@ -359,10 +393,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
       count of its first step) and the step-in-episode of every slot (diagnostics);
     - ``mask_key`` with ``replacement=False``: bool ``[B, T]``, False on padding.
 
-    Episodes come from ``end_key`` flags (the last step of an episode has it True) or,
-    when ``traj_key`` is given, from changes of trajectory id (and ``end_key`` where it is
-    stored). The episode still being written is drawn only with ``only_complete=False``
-    (as it is at that moment); an episode that lost steps to overwriting is never drawn.
+    Episodes come from ``end_key`` flags (the last step of an episode has it True); steps
+    are then read as one sequence in write order. A collector's ``[num_envs, T]`` batch,
+    written flat (``rb.extend(batch.reshape(-1))``, env after env), interleaves several
+    envs' trajectories: give ``traj_key=("collector", "traj_ids")`` so that each step is
+    filed under its trajectory, an episode ends at its ``end_key`` flag, and a trajectory
+    cut by the batch end continues with its steps of the next batch (with ``traj_key``
+    and no stored ``end_key``, an episode ends where the id changes). Episodes still being
+    written are drawn only with ``only_complete=False`` (as they are at that moment); an
+    episode that lost steps to overwriting is never drawn.
 
     Ring buffers: a step whose slot was rewritten after its episode was queued is never
     emitted; the stream drops the rest of that episode and its next step is an episode
@@ -395,7 +434,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         end_key (NestedKey): bool flag marking the last step of an episode. Defaults to
             ``("next", "done")``.
         traj_key (NestedKey, optional): trajectory id per step (e.g.
-            ``("collector", "traj_ids")``); episodes then end where the id changes.
+            ``("collector", "traj_ids")``), needed when writes interleave several envs.
             Defaults to ``None`` (use ``end_key`` only).
         is_first_key (NestedKey): key written with the episode-start flags. Defaults to
             ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
@@ -563,6 +602,13 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise TypeError(
                 f"StreamChunkSampler needs a TensorDict storage, got {type(data).__name__} "
                 "entries; store TensorDicts (e.g. LazyTensorStorage)."
+            )
+        if data.batch_dims != 1:
+            raise ValueError(
+                f"StreamChunkSampler needs one step per storage slot, got entries of batch "
+                f"shape {list(data.shape[1:])}; write collector batches [num_envs, T] flat, "
+                "rb.extend(batch.reshape(-1)), with traj_key=('collector', 'traj_ids') so that "
+                "the envs' episodes stay apart."
             )
         alive = self._log.stamps[slots] == stamps
         self._tracker.update(data, slots, stamps, alive)
