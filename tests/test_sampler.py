@@ -428,3 +428,15 @@ def test_running_trajectories_are_drawn_whole_so_far_with_replacement():
 def test_docstring_example_runs():
     result = doctest.testmod(sampler_module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_interleaved_envs_without_traj_key_are_refused():
+    rb = buffer(2, 3)
+    rb.extend(interleaved_collector_batches()[0])  # traj 0 -> 1 with no done between
+    with pytest.raises(ValueError, match=r"changes from \[0\] to \[1\].*traj_key="):
+        rb.sample()
+    data = episodes([3, 5])  # one env: the id changes only after a done
+    data["collector", "traj_ids"] = data["ep"]
+    rb = buffer(2, 3)
+    rb.extend(data)
+    assert rb.sample().batch_size == (2, 3)

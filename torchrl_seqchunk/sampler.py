@@ -36,6 +36,7 @@ from torchrl.data.replay_buffers.storages import Storage
 __all__ = ["StreamChunkSampler"]
 
 _UNSET = torch.iinfo(torch.long).min
+_COLLECTOR_TRAJ_KEY = ("collector", "traj_ids")  # written by TorchRL collectors
 
 
 class _WriteLog:
@@ -215,6 +216,8 @@ class _EpisodeTracker:
                 "rb.extend."
             )
         ends = ends.reshape(slots.numel(), -1).any(-1)  # last step of an episode
+        if self.traj_key is None:
+            self._check_not_interleaved(data, slots, ends, lost_before)
         cut_after, traj = ends.clone(), None  # cut_after: last step of a run of one episode
         if self.traj_key is not None:
             traj = self._read(data, self.traj_key, slots, required=True)
@@ -234,6 +237,24 @@ class _EpisodeTracker:
             if ends[stop - 1]:
                 self._close(key)
             start = stop
+
+    def _check_not_interleaved(self, data, slots, ends, lost_before) -> None:
+        """Refuses collector trajectory ids that change inside what ``end_key`` calls one
+        episode: the writes interleave several envs, whose steps would be mixed."""
+        ids = self._read(data, _COLLECTOR_TRAJ_KEY, slots, required=False)
+        if ids is None:
+            return
+        ids = ids.reshape(slots.numel(), -1)
+        mixed = (ids[1:] != ids[:-1]).any(-1) & ~ends[:-1] & ~lost_before[1:]
+        if mixed.any():
+            t = int(mixed.nonzero()[0])
+            raise ValueError(
+                f"{_COLLECTOR_TRAJ_KEY!r} changes from {ids[t].tolist()} to "
+                f"{ids[t + 1].tolist()} between two steps written one after the other, with no "
+                f"{self.end_key!r} flag between them: the writes interleave several envs (a "
+                "flattened [num_envs, T] collector batch). Pass "
+                f"traj_key={_COLLECTOR_TRAJ_KEY!r} so that each env's episodes stay apart."
+            )
 
     @staticmethod
     def _read(data, key, slots, *, required):
