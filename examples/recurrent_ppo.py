@@ -244,13 +244,14 @@ def main(cfg: Config) -> list[dict]:
         return torch.stack(logs).mean()
 
     returns: deque[float] = deque(maxlen=cfg.return_window)
-    rows, frames, frames_to_target, start = [], 0, None, time.perf_counter()
+    rows, frames, episodes, frames_to_target, start = [], 0, 0, None, time.perf_counter()
     with tqdm(total=cfg.total_frames, unit="frames") as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
         writer = None
         for rollout in collector:  # [num_envs, T]
             frames += rollout.numel()
-            done = rollout["next", "done"].squeeze(-1)
+            done = rollout["next", "done"].squeeze(-1)  # [num_envs, T]
             returns.extend(rollout["next", "episode_reward"][done].squeeze(-1).tolist())
+            episodes += int(done.sum())
 
             with torch.no_grad():  # V(next observation) under the memory held after each step
                 next_values = critic(rollout["next"].reshape(-1))["state_value"]  # step mode, [num_envs * T, 1]
@@ -279,7 +280,7 @@ def main(cfg: Config) -> list[dict]:
             if frames_to_target is None and len(returns) == returns.maxlen and return_mean >= cfg.target_return:
                 frames_to_target = frames
             row = {"frames": frames, "wall_s": round(time.perf_counter() - start, 2),
-                   "episodes": len(returns), "return_mean": return_mean,
+                   "episodes": episodes, "return_mean": return_mean,
                    **{k: losses[k].item() for k in LOGGED}}
             rows.append(row)
             if writer is None:
