@@ -39,7 +39,7 @@ from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 class Config:
     env: str = "ALE/Breakout-v5"
     total_frames: int = 20_000  # env steps collected by the random policy
-    train_steps: int = 200  # gradient steps per model
+    train_steps: int = 150  # gradient steps per model
     seed: int = 0
     device: str = "cpu"
     name: str = ""  # run directory under runs/; "" = derived from the env and seed
