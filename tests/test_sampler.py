@@ -440,3 +440,48 @@ def test_interleaved_envs_without_traj_key_are_refused():
     rb = buffer(2, 3)
     rb.extend(data)
     assert rb.sample().batch_size == (2, 3)
+
+
+def test_resume_keeps_which_episode_owns_each_slot():
+    """A running trajectory that lost its first slots to a finished episode must not claim
+    them back on load: overwriting them later must still remove that episode."""
+    def steps(traj, k, done):
+        return TensorDict(
+            {
+                "traj": torch.tensor(traj), "k": torch.tensor(k),
+                ("collector", "traj_ids"): torch.tensor(traj),
+                ("next", "done"): torch.tensor(done, dtype=torch.bool).unsqueeze(-1),
+            },
+            [len(traj)],
+        )
+
+    rb = buffer(1, 5, capacity=6, replacement=False, traj_key=("collector", "traj_ids"))
+    rb.extend(steps([0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 0]))  # slots 0-3
+    assert not rb.sampler.can_sample(rb.storage, 5)  # read; no episode has ended
+    # traj 1 ends in slot 0 and traj 2 (one step) in slot 1, over the start of traj 0
+    rb.extend(steps([0, 0, 1, 2], [2, 3, 2, 0], [0, 0, 1, 1]))
+    rb.sample()
+    rb.sampler.load_state_dict(rb.sampler.state_dict())
+    # traj 0 ends; traj 3 fills slots 4, 5, 0, 1, over trajs 1 and 2
+    rb.extend(steps([0, 0, 3, 3, 3, 3], [4, 5, 0, 1, 2, 3], [0, 1, 0, 0, 0, 1]))
+    chunk = rb.sample()  # a new epoch: the only whole episode left is traj 3
+    real = chunk["collector", "mask"][0]
+    assert chunk["traj"][0][real].tolist() == [3, 3, 3, 3]
+    assert chunk["k"][0][real].tolist() == [0, 1, 2, 3]
+
+
+def test_trajectories_losing_unread_steps_are_dropped_with_a_warning():
+    first, second = interleaved_collector_batches()
+    rb = buffer(1, 4, capacity=8, traj_key=("collector", "traj_ids"))
+    rb.extend(first)
+    rb.extend(second)  # 12 steps in 8 slots: (0,0) (0,1) (0,2) (1,0) lost unread
+    # whatever trajectory a lost step belonged to, nothing written after it is whole (the
+    # tail of traj 0, k = 3 with its end flag, must not pass for a one-step episode)
+    with pytest.warns(UserWarning, match="overwritten before any sample read them"):
+        with pytest.raises(ValueError, match="no complete episode"):
+            rb.sample()
+    whole = first[:2].clone()  # a whole episode: traj 5
+    whole["traj"] = whole["collector", "traj_ids"] = torch.tensor([5, 5])
+    whole["next", "done"] = torch.tensor([[False], [True]])
+    rb.extend(whole)
+    assert rb.sample()["traj"].tolist() == [[5, 5, 5, 5]]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +205,18 @@ class _EpisodeTracker:
                 self.episodes.remove(episode)
         # keep the stored steps; an episode with lost steps before one of them is not whole
         lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
-        slots, stamps = slots[alive], stamps[alive]
-        ends = self._read(data, self.end_key, slots, required=self.traj_key is None)
+        ends = self._read(data, self.end_key, slots[alive], required=self.traj_key is None)
         stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
+        if stitch and not alive.all():  # a lost step may be any trajectory's
+            lost_before = (~alive).cumsum(0)[alive] > 0  # none written after it is whole
+            warnings.warn(
+                f"{int((~alive).sum())} step(s) were overwritten before any sample read them "
+                "(more than the storage capacity written between two samples); their "
+                "trajectories are unknown, so one that continues in a later write may be drawn "
+                "as if it started there. Sample more often or raise the capacity.",
+                stacklevel=2,
+            )
+        slots, stamps = slots[alive], stamps[alive]
         if ends is None:
             ends = torch.zeros(slots.numel(), dtype=torch.bool)
         elif ends.dtype != torch.bool:
@@ -311,20 +321,19 @@ class _EpisodeTracker:
             "open_slots": torch.cat(opened or [as_long([])]),
             "open_whole": [e.whole for e in self.open.values()],
             "last_traj": self.last_traj,
+            "owner": self.owner.clone(),  # a running episode may list slots rewritten since
         }
 
-    def load(self, state: dict, size: int) -> None:
-        self.owner = torch.full((size,), -1, dtype=torch.long)
+    def load(self, state: dict) -> None:
+        self.owner = state["owner"].clone()
         slots = state["slots"].split(state["lengths"].tolist())
         for episode, episode_slots in zip(state["ids"].tolist(), slots):
             self.episodes.add(episode, episode_slots.clone())
-            self.owner[episode_slots] = episode
         open_slots = state["open_slots"].split(state["open_lengths"].tolist())
         fields = zip(state["open_keys"], state["open_ids"].tolist(), open_slots, state["open_whole"])
         for key, episode, episode_slots, whole in fields:
             parts = [episode_slots.clone()] if episode_slots.numel() else []
             self.open[key] = _Open(episode, parts, whole)
-            self.owner[episode_slots] = episode
         self.last_traj = state["last_traj"]
 
 
@@ -428,7 +437,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     emitted; the stream drops the rest of that episode and its next step is an episode
     start. The sampler learns about writes through the replay buffer's ``extend``/``add``
     calls (write through the buffer, not the storage); a storage that was already filled
-    when the sampler first saw it is read in slot order.
+    when the sampler first saw it is read in slot order. It reads the new steps at the next
+    sample, so with ``traj_key`` write at most the capacity between two samples: a step
+    overwritten before it was read belongs to an unknown trajectory, so the episodes
+    written after it in that stretch are dropped, with a warning.
 
     ``replacement=False`` (on-policy use): an epoch starts with every eligible episode
     dealt once, longest first, to the stream with the fewest steps so far (streams
@@ -710,7 +722,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             )
         self._empty()
         self._log.load(state_dict["log"])
-        self._tracker.load(state_dict["episodes"], size=self._log.stamps.numel())
+        self._tracker.load(state_dict["episodes"])
         self.generator.set_state(state_dict["generator"])
         slots = state_dict["segment_slots"].split(state_dict["segment_length"].tolist())
         fields = zip(
