@@ -485,3 +485,11 @@ def test_trajectories_losing_unread_steps_are_dropped_with_a_warning():
     whole["next", "done"] = torch.tensor([[False], [True]])
     rb.extend(whole)
     assert rb.sample()["traj"].tolist() == [[5, 5, 5, 5]]
+
+
+def test_an_empty_write_changes_nothing():
+    rb = buffer(1, 4, replacement=False)
+    rb.extend(episodes([3, 1]))
+    rb.extend(episodes([2])[:0])  # e.g. a filter that kept no step of a batch
+    chunk = rb.sample()
+    assert sorted(chunk["obs"][0].tolist()) == [0, 1, 2, 3]

@@ -58,6 +58,8 @@ class _WriteLog:
 
     def record(self, index: torch.Tensor) -> None:
         index = index.reshape(-1).to("cpu", torch.long)
+        if not index.numel():  # an empty write
+            return
         self._grow(int(index.max()) + 1)
         self.known += int((self.stamps[index.unique()] == _UNSET).sum())
         stamps = self.clock + torch.arange(index.numel())
