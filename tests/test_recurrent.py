@@ -498,3 +498,6 @@ def test_missing_input_keys_are_named():
         module(TensorDict({"is_first": is_first}, [B, T]))
     with pytest.raises(ValueError, match="'embed'.*in_key="):
         module(TensorDict({"x": x[:, 0]}, [B]))
+    learner = ResetRNN(nn.GRU(F, H, batch_first=True), reset_state_key="memory")
+    with pytest.raises(ValueError, match="'memory'.*reset_state_key="):
+        learner(chunk(x, is_first))

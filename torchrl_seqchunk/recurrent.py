@@ -703,7 +703,9 @@ class ResetRNN(TensorDictModuleBase):
                     "the number of streams changes."
                 )
         if self.reset_state_keys is not None:
-            reset_state = self._pack(tuple(rows.get(k) for k in self.reset_state_keys))
+            reset_state = self._pack(
+                tuple(self._get(rows, k, "reset_state_key") for k in self.reset_state_keys)
+            )
         else:
             reset_state = None if self.initial is None else self._pack(tuple(self.initial))
         y, h_last = rnn_with_resets(
