@@ -493,3 +493,45 @@ def test_an_empty_write_changes_nothing():
     rb.extend(episodes([2])[:0])  # e.g. a filter that kept no step of a batch
     chunk = rb.sample()
     assert sorted(chunk["obs"][0].tolist()) == [0, 1, 2, 3]
+
+
+def test_flattened_collector_batches_replay_the_acting_memory():
+    """A Collector over 3 envs acts with a ResetRNN; replaying its stored steps as stream
+    chunks (trajectories stitched across batches, state carried across chunks) gives the
+    acting outputs back at every step."""
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torch import nn
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv, InitTracker, SerialEnv, TransformedEnv
+
+    from torchrl_seqchunk import ResetRNN
+
+    actor = ResetRNN(nn.GRU(4, 8, batch_first=True), is_first_key="is_init")
+    env = TransformedEnv(SerialEnv(3, lambda: GymEnv("CartPole-v1")), InitTracker())
+    env.append_transform(actor.make_tensordict_primer())
+    policy = TensorDictSequential(
+        TensorDictModule(nn.Linear(4, 4), in_keys=["observation"], out_keys=["embed"]),
+        actor,
+        TensorDictModule(
+            lambda f: nn.functional.one_hot((f[..., 0] > 0).long(), 2),
+            in_keys=["features"], out_keys=["action"],
+        ),
+    )
+    env.set_seed(0)
+    rb = buffer(4, 10, capacity=1000, storage=LazyMemmapStorage, is_first_key="is_init",
+                traj_key=("collector", "traj_ids"))
+    collector = Collector(env, policy, frames_per_batch=60, total_frames=360)
+    try:
+        for batch in collector:  # [3 envs, 20 steps]
+            rb.extend(batch.reshape(-1))
+    finally:
+        collector.shutdown()
+    learner = ResetRNN(actor.rnn, is_first_key="is_init")
+    starts = 0
+    with torch.no_grad():
+        for _ in range(12):
+            chunk = rb.sample()
+            starts += int(chunk["is_init"].sum())
+            replay = learner(chunk.exclude("features"))["features"]
+            torch.testing.assert_close(replay, chunk["features"], atol=1e-5, rtol=0)
+    assert starts > 4  # episodes ended and were concatenated
