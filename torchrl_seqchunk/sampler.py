@@ -40,6 +40,10 @@ _UNSET = torch.iinfo(torch.long).min
 _COLLECTOR_TRAJ_KEY = ("collector", "traj_ids")  # written by TorchRL collectors
 
 
+def _as_long(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
 class _WriteLog:
     """Write stamp of every storage slot: the number of steps written before it.
 
@@ -311,16 +315,15 @@ class _EpisodeTracker:
         return drawn
 
     def state(self) -> dict:
-        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-        opened = [torch.cat(e.parts or [as_long([])]) for e in self.open.values()]
+        opened = [torch.cat(e.parts or [_as_long([])]) for e in self.open.values()]
         return {
-            "ids": as_long(self.episodes.ids),
-            "lengths": as_long([s.numel() for s in self.episodes.slots]),
-            "slots": torch.cat(self.episodes.slots or [as_long([])]),
+            "ids": _as_long(self.episodes.ids),
+            "lengths": _as_long([s.numel() for s in self.episodes.slots]),
+            "slots": torch.cat(self.episodes.slots or [_as_long([])]),
             "open_keys": list(self.open),
-            "open_ids": as_long([e.id for e in self.open.values()]),
-            "open_lengths": as_long([s.numel() for s in opened]),
-            "open_slots": torch.cat(opened or [as_long([])]),
+            "open_ids": _as_long([e.id for e in self.open.values()]),
+            "open_lengths": _as_long([s.numel() for s in opened]),
+            "open_slots": torch.cat(opened or [_as_long([])]),
             "open_whole": [e.whole for e in self.open.values()],
             "last_traj": self.last_traj,
             "owner": self.owner.clone(),  # a running episode may list slots rewritten since
@@ -698,19 +701,18 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     # ------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         segments = [(b, seg) for b, s in enumerate(self._streams) for seg in s.segments]
-        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
         return {
             "num_streams": self.num_streams,
             "seq_len": self.seq_len,
             "log": self._log.state(),
             "episodes": self._tracker.state(),
             "generator": self.generator.get_state(),
-            "segment_stream": as_long([b for b, _ in segments]),
-            "segment_length": as_long([seg.slots.numel() for _, seg in segments]),
-            "segment_episode": as_long([seg.episode for _, seg in segments]),
-            "segment_offset": as_long([seg.offset for _, seg in segments]),
-            "segment_queued_at": as_long([seg.queued_at for _, seg in segments]),
-            "segment_slots": torch.cat([seg.slots for _, seg in segments] or [as_long([])]),
+            "segment_stream": _as_long([b for b, _ in segments]),
+            "segment_length": _as_long([seg.slots.numel() for _, seg in segments]),
+            "segment_episode": _as_long([seg.episode for _, seg in segments]),
+            "segment_offset": _as_long([seg.offset for _, seg in segments]),
+            "segment_queued_at": _as_long([seg.queued_at for _, seg in segments]),
+            "segment_slots": torch.cat([seg.slots for _, seg in segments] or [_as_long([])]),
             "ran_out": self._ran_out,
             "remaining_batches": self._remaining_batches,
         }
