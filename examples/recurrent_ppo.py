@@ -171,7 +171,7 @@ def make_agent(cfg: Config, env: TransformedEnv):
     return actor, critic, (actor_rnn, critic_rnn)
 
 
-def plot_curve(rows: list[dict], path: Path, title: str) -> None:
+def plot_curve(rows: list[dict], path: Path, cfg: Config) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,7 +181,8 @@ def plot_curve(rows: list[dict], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if points:
         ax.plot(*zip(*points))
-    ax.set(xlabel="frames", ylabel="mean episode return", title=title)
+    ax.axhline(cfg.target_return, color="gray", ls="--", lw=1)
+    ax.set(xlabel="frames", ylabel=f"mean return, last {cfg.return_window} episodes", title=cfg.name)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -293,7 +294,7 @@ def main(cfg: Config) -> list[dict]:
             if cfg.stop_at_target and frames_to_target is not None:
                 break
     collector.shutdown()
-    plot_curve(rows, out_dir / "learning_curve.png", cfg.name)
+    plot_curve(rows, out_dir / "learning_curve.png", cfg)
     print(f"frames_to_{cfg.target_return:g}: {frames_to_target} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
     return rows
 
