@@ -535,3 +535,55 @@ def test_flattened_collector_batches_replay_the_acting_memory():
             replay = learner(chunk.exclude("features"))["features"]
             torch.testing.assert_close(replay, chunk["features"], atol=1e-5, rtol=0)
     assert starts > 4  # episodes ended and were concatenated
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_envs=st.integers(1, 4),
+    capacity=st.integers(8, 40),
+    num_streams=st.integers(1, 3),
+    seq_len=st.integers(1, 6),
+    seed=st.integers(0, 2**31),
+)
+def test_interleaved_envs_in_a_ring_never_break_a_stream(
+    num_envs, capacity, num_streams, seq_len, seed
+):
+    """Flattened [num_envs, T] batches into a ring, sampled and saved/restored in between:
+    each stream continues a trajectory step by step or starts one at its first step."""
+    g = torch.Generator().manual_seed(seed)
+    rb = buffer(num_streams, seq_len, capacity=capacity, traj_key=("collector", "traj_ids"),
+                generator=torch.Generator().manual_seed(seed))
+    running = [[e, 0, int(torch.randint(1, 12, (1,), generator=g))] for e in range(num_envs)]
+    next_traj, last = num_envs, None
+    for _ in range(12):
+        steps = max(1, min(int(torch.randint(1, 6, (1,), generator=g)), capacity // num_envs))
+        traj, k, done = [], [], []
+        for env in running:  # env after env, as batch.reshape(-1) lays them out
+            for _ in range(steps):
+                traj.append(env[0])
+                k.append(env[1])
+                done.append(env[1] == env[2] - 1)
+                if done[-1]:
+                    env[:] = [next_traj, 0, int(torch.randint(1, 12, (1,), generator=g))]
+                    next_traj += 1
+                else:
+                    env[1] += 1
+        rb.extend(TensorDict({
+            "traj": torch.tensor(traj), "k": torch.tensor(k),
+            ("collector", "traj_ids"): torch.tensor(traj),
+            ("next", "done"): torch.tensor(done).unsqueeze(-1),
+        }, [len(traj)]))
+        if not rb.sampler.can_sample(rb.storage, num_streams * seq_len):
+            continue
+        chunk = rb.sample()
+        traj, k = chunk["traj"], chunk["k"]
+        first = chunk["is_first"].squeeze(-1)
+        if last is not None:  # the previous chunk's last step leads each row
+            traj, k = torch.cat([last[0], traj], 1), torch.cat([last[1], k], 1)
+            first = torch.cat([torch.zeros_like(first[:, :1]), first], 1)
+        assert (k[first] == 0).all()
+        follows = (traj[:, 1:] == traj[:, :-1]) & (k[:, 1:] == k[:, :-1] + 1)
+        assert (first[:, 1:] | follows).all()
+        last = (chunk["traj"][:, -1:], chunk["k"][:, -1:])
+        if int(torch.randint(3, (1,), generator=g)) == 0:
+            rb.sampler.load_state_dict(rb.sampler.state_dict())

@@ -335,10 +335,11 @@ class _EpisodeTracker:
         for episode, episode_slots in zip(state["ids"].tolist(), slots):
             self.episodes.add(episode, episode_slots.clone())
         open_slots = state["open_slots"].split(state["open_lengths"].tolist())
-        fields = zip(state["open_keys"], state["open_ids"].tolist(), open_slots, state["open_whole"])
-        for key, episode, episode_slots, whole in fields:
+        ids, whole = state["open_ids"].tolist(), state["open_whole"]
+        fields = zip(state["open_keys"], ids, open_slots, whole)
+        for key, episode, episode_slots, is_whole in fields:
             parts = [episode_slots.clone()] if episode_slots.numel() else []
-            self.open[key] = _Open(episode, parts, whole)
+            self.open[key] = _Open(episode, parts, is_whole)
         self.last_traj = state["last_traj"]
 
 
