@@ -247,6 +247,9 @@ def test_bad_inputs_raise_clear_errors():
         ResetRNN(TupleCell(F, H, 2))
     with pytest.raises(ValueError, match="initial_state"):
         ResetRNN(gru, initial_state="random")
+    state = TensorDict({"h": torch.zeros(B, H), "z": torch.zeros(B, 2)}, [B])
+    with pytest.raises(TypeError, match=r"h0 must be a tensor or a tuple.*'h', 'z'.*tuple\(h0"):
+        rnn_with_resets(TupleCell(F, H, 2), x, torch.zeros(B, T), state)
 
 
 # --------------------------------------------------------------------------- ResetRNN

@@ -431,6 +431,12 @@ def rnn_with_resets(
     batch, time = x.shape[:2]
     reset = _reset_mask(is_first, (batch, time)).to(x.device)
     given = None  # a custom cell's state layout is read from h0 when given
+    if isinstance(h0, TensorDictBase):
+        raise TypeError(
+            f"h0 must be a tensor or a tuple of tensors, got a TensorDict with keys "
+            f"{sorted(map(str, h0.keys(True, True)))}; pass tuple(h0.values(True, True)) and a "
+            "cell that takes and returns its state as a tuple in that order."
+        )
     if h0 is not None:
         h0 = tuple(h0) if isinstance(h0, (tuple, list)) else h0
         given = tuple(h.shape[1:] for h in h0) if isinstance(h0, tuple) else tuple(h0.shape[1:])
