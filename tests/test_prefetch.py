@@ -122,6 +122,13 @@ def test_bad_arguments():
         ChunkPrefetcher(42)
 
 
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="pinning works here")
+def test_pin_memory_without_an_accelerator_is_refused_up_front():
+    with pytest.raises(ValueError, match="pin_memory=True needs an accelerator"):
+        ChunkPrefetcher(counter(), pin_memory=True)
+    assert not prefetch_threads()
+
+
 def wait_for_no_prefetch_thread(seconds=2.0):
     deadline = time.monotonic() + seconds
     while prefetch_threads() and time.monotonic() < deadline:

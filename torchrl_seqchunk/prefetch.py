@@ -82,7 +82,7 @@ class ChunkPrefetcher:
     Raises:
         TypeError: ``source`` is neither callable nor iterable, or is a generator
             function (pass the generator it returns); ``depth`` not an int.
-        ValueError: ``depth`` < 1.
+        ValueError: ``depth`` < 1; ``pin_memory=True`` without an accelerator.
 
     Examples:
         >>> import torch
@@ -132,6 +132,11 @@ class ChunkPrefetcher:
         self.device = None if device is None else torch.device(device)
         on_cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
+        if self.pin_memory and not torch.accelerator.is_available():
+            raise ValueError(
+                "pin_memory=True needs an accelerator to pin memory for, and none is "
+                "available; pass pin_memory=False (or leave it None)."
+            )
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
