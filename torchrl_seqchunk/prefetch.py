@@ -134,8 +134,9 @@ class ChunkPrefetcher:
         self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.accelerator.is_available():
             raise ValueError(
-                "pin_memory=True needs an accelerator to pin memory for, and none is "
-                "available; pass pin_memory=False (or leave it None)."
+                f"pin_memory=True (given {pin_memory!r}, device {device!r}) needs an "
+                "accelerator to pin memory for, and none is available; pass a CPU device or "
+                "none, and pin_memory=False or None."
             )
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
