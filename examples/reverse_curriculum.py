@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
-from torchrl.data import Bounded
+from torchrl.data import Bounded, LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs import CatFrames, Compose, GymEnv, ObservationTransform, ParallelEnv, SignTransform, TransformedEnv
 from torchrl.modules import ActorValueOperator, OneHotCategorical, ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss

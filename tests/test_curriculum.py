@@ -385,3 +385,23 @@ def test_montezuma_replays_to_the_end_as_success(k):
             td = td["next"]
         assert td["next", "done"].item() and not td["next", "success"].item()
         assert td["next", "score"].item() < 71_500.0
+
+
+@pytest.mark.slow
+def test_example_moves_the_maximum_back(tmp_path):
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(
+        [sys.executable, str(root / "examples" / "reverse_curriculum.py"), "--total-frames", "512",
+         "--num-envs", "2", "--out", str(tmp_path)],
+        check=True, env=env, timeout=600,
+    )
+    rows = list(csv.DictReader(open(tmp_path / "log.csv")))
+    assert len(rows) == 4 and (tmp_path / "curriculum.png").exists()
+    # the demo's last reward is at frame 52,536: every later starting point succeeds at once
+    assert int(rows[-1]["max_starting_point"]) <= 52_536

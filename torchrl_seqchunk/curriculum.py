@@ -363,7 +363,8 @@ class ReverseCurriculum(Transform):
     ``score < demo.returns[demo_index - max_lag]`` (``max_lag``, as in the
     reference). When an episode ends, ``("next", success_key)`` (bool
     ``[*B, 1]``) is ``score >= demo.total``, and the manager records it; the
-    manager updates whenever it is :attr:`ResetManager.due`.
+    manager updates whenever it is :attr:`ResetManager.due`. A restoring-only
+    transform reset without a starting point (``env.reset()``) restores to 0.
 
     Args:
         demo (Demo): the demonstration.
@@ -375,8 +376,9 @@ class ReverseCurriculum(Transform):
             ``env.reset(seed=seed)`` then ``env.step`` through the demo actions
             (any deterministic gymnasium env; one demo action per env step).
             ``"ale"``: ALE emulator, one demo action per emulator frame,
-            restarting from the nearest snapshot (the demo's, or one cached in
-            this process every ``snapshot_every`` frames). A callable
+            restarting from the nearest earlier state (the demo's snapshots,
+            states cached in this process every ``snapshot_every`` frames, and
+            the state one frame before the last restored point). A callable
             ``restore(gym_env, k) -> observation`` does it the user's way.
             Both built-ins compare every replayed reward with the demo's and
             raise ``ValueError`` on divergence, and reject sticky actions.
@@ -404,7 +406,7 @@ class ReverseCurriculum(Transform):
     Examples:
         >>> import gymnasium as gym
         >>> from torchrl.envs import GymEnv, TransformedEnv
-        >>> from torchrl_seqchunk import Demo, record_demo
+        >>> from torchrl_seqchunk import record_demo
         >>> demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), [2, 2, 1, 1, 1, 2])
         >>> manager = ResetManager(len(demo), 1, window=1)
         >>> env = TransformedEnv(
