@@ -6,6 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv, TransformedEnv
@@ -51,6 +53,34 @@ def test_success_rate_is_fraction_of_the_batch():
     manager.record([700, 700], [False, False])
     manager.update()
     assert manager.rates[700].item() == 0.0 and manager.rates[710].item() == 1.0
+
+
+def reference_move(rates, maximum, mass, nudge, last):
+    """The move rule as a plain loop over indices."""
+    total = 0.0
+    for index, rate in enumerate(rates):
+        total += rate
+        if total >= mass - 1e-9:
+            return min(maximum, index)
+    return min(maximum + nudge, last)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    episodes=st.lists(st.tuples(st.integers(0, 199), st.booleans()), min_size=1, max_size=40),
+    maximum=st.integers(0, 199),
+    window=st.integers(1, 8),
+)
+def test_update_matches_a_per_index_loop(episodes, maximum, window):
+    manager = ResetManager(200, 8, window=window, move_threshold=0.5, nudge=7, maximum=maximum)
+    points, successes = zip(*episodes)
+    manager.record(list(points), list(successes))
+    wins, counts = [0] * 200, [0] * 200
+    for point, success in episodes:
+        counts[point] += 1
+        wins[point] += success
+    rates = [w / c if c else 0.0 for w, c in zip(wins, counts)]
+    assert manager.update() == reference_move(rates, maximum, 0.5 * window, 7, 199)
 
 
 def test_decay_shrinks_old_rates():
