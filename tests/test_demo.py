@@ -25,12 +25,12 @@ def test_load_montezuma_demo():
 
 
 def test_save_load_round_trip(tmp_path):
-    demo = Demo([3, 1, 2], [0.0, 1.5, -1.0], snapshots={0: b"ab", 2: b"xyz"}, lives=[3, 3, 2, 2], meta={"a": 1})
+    demo = Demo([3, 1, 2], [0.1, 1.5, -1.0], snapshots={0: b"ab", 2: b"xyz"}, lives=[3, 3, 2, 2], meta={"a": 1})
     demo.save(tmp_path / "d.npz")
     back = Demo.load(tmp_path / "d.npz")
     assert back.actions.tolist() == [3, 1, 2]
-    assert back.rewards.tolist() == [0.0, 1.5, -1.0]
-    assert back.returns.tolist() == [0.0, 0.0, 1.5, 0.5]
+    assert back.rewards.tolist() == [0.1, 1.5, -1.0]  # exactly, no float32 rounding
+    assert np.allclose(back.returns, [0.0, 0.1, 1.6, 0.6])
     assert back.snapshots == {0: b"ab", 2: b"xyz"}
     assert back.lives.tolist() == [3, 3, 2, 2] and back.meta == {"a": 1}
 

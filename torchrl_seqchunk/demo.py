@@ -127,7 +127,7 @@ class Demo:
         """Writes the demo to ``path`` as an ``.npz`` file (format in the module docstring)."""
         arrays = {
             "actions": self.actions,
-            "rewards": self.rewards.astype(np.float32),
+            "rewards": self.rewards,  # float64: lossless
             "meta": np.array(json.dumps(self.meta)),
         }
         if self.lives is not None:
