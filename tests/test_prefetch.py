@@ -155,6 +155,7 @@ def test_close_from_another_thread_ends_a_waiting_consumer():
     got = []
     consumer = threading.Thread(target=lambda: got.append(next(prefetcher, "ended")))
     consumer.start()
+    time.sleep(0.05)  # the consumer now waits in next()
     closer = threading.Thread(target=prefetcher.close)
     closer.start()
     while not prefetcher._stop.is_set():
