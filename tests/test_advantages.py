@@ -156,6 +156,25 @@ def test_time_only_layout():
     )
 
 
+def test_value_target_is_detached_from_the_critic_graph():
+    # values still attached to a critic graph: neither output may carry it, or a second
+    # PPO epoch would backpropagate into the rollout's (freed) critic graph
+    value = torch.tensor([[1.0, 1.0]], requires_grad=True)
+    td = make_td([[1, 1]], [[0, 0]], [[1, 2]], [[0, 1]], terminated=[[0, 0]])
+    td["state_value"] = value.unsqueeze(-1) * 1.0
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    assert not td["advantage"].requires_grad and not td["value_target"].requires_grad
+    torch.testing.assert_close(td["value_target"].squeeze(-1), torch.tensor([[3.52, 2.80]]))
+
+
+def test_results_take_the_dtype_of_the_values():
+    td = make_td([[1, 1]], [[1, 1]], [[1, 2]], [[0, 1]], terminated=[[0, 0]])
+    td["state_value"] = td["state_value"].float()  # next values and rewards stay float64
+    boundary_gae(td, gamma=0.9, lmbda=1.0)
+    assert td["advantage"].dtype == td["value_target"].dtype == torch.float32
+    torch.testing.assert_close(td["advantage"].squeeze(-1), torch.tensor([[2.52, 1.80]]))
+
+
 def test_custom_keys():
     td = TensorDict(
         {

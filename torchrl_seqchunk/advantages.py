@@ -76,7 +76,8 @@ def boundary_gae(
     The last step of a row needs no done flag: it is always treated as a chunk end.
     When ``terminated_key`` is absent it is taken as ``done & ~truncated`` (or as
     ``done`` when ``truncated_key`` is absent too, as in TorchRL). The recursion runs
-    without gradient, as a parallel scan (see the module docstring).
+    without gradient, as a parallel scan (see the module docstring): advantages and
+    value targets are detached even when the values carry a critic graph.
 
     Algorithm: Schulman et al., "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation", ICLR 2016.
@@ -189,7 +190,9 @@ def boundary_gae(
 
     steps = shape[-2]
     with torch.no_grad():
-        delta = reward.to(value.dtype) + gamma * next_value.masked_fill(terminated, 0.0) - value
+        value = value.detach()
+        bootstrap = next_value.to(value.dtype).masked_fill(terminated, 0.0)
+        delta = reward.to(value.dtype) + gamma * bootstrap - value
         # backwards in time, A_{t+1} is the state before step t: reset it after a stop
         backward, _ = rnn_with_resets(
             _DiscountedSum(gamma * lmbda),
@@ -198,6 +201,7 @@ def boundary_gae(
             backend="scan",
         )
         advantage = backward.flip(1).reshape(shape)
+        value_target = advantage + value
     tensordict.set(advantage_key, advantage)
-    tensordict.set(value_target_key, advantage + value)
+    tensordict.set(value_target_key, value_target)
     return tensordict
