@@ -126,5 +126,10 @@ def test_bad_input():
     float_flags["next", "truncated"] = float_flags["next", "truncated"].float()
     with pytest.raises(TypeError, match=r"truncated_key=\('next', 'truncated'\) must be bool"):
         make_windows(float_flags, 2)
+    # a non-bool episode-start flag is refused, not silently cast (0.5 would become True)
+    soft_first = rollout.clone()
+    soft_first["is_first"] = torch.full((1, 7, 1), 0.5)
+    with pytest.raises(TypeError, match="is_first_key='is_first' must be bool of shape"):
+        make_windows(soft_first, 2)
     with pytest.raises(TypeError, match="rollout must be a TensorDict"):
         make_windows({"step": torch.zeros(1, 3)}, 2)

@@ -42,7 +42,8 @@ def make_windows(
     The last step of a row needs no done or truncated flag: a window never runs past
     it, so it is handled as a chunk end (and ``boundary_gae`` bootstraps it from
     ``("next", "state_value")``). When ``(T - window) % stride != 0`` the last
-    ``(T - window) % stride`` steps of each row are in no window.
+    ``(T - window) % stride`` steps of each row are in no window, and with
+    ``stride > window`` neither are the ``stride - window`` steps between windows.
 
     Args:
         rollout: batch size ``[num_envs, T]`` (time last), as a TorchRL collector
@@ -59,7 +60,8 @@ def make_windows(
         is_first_key (NestedKey): episode-start flag of the rollout, overwritten
             with the per-slot reset flag. Defaults to ``"is_first"``.
         done_key, terminated_key, truncated_key (NestedKey): episode-end flags;
-            ``terminated_key`` and ``truncated_key`` are used when present.
+            ``terminated_key`` and ``truncated_key`` are used when present. Every
+            flag, ``is_first_key`` included, must be bool ``[num_envs, T, 1]``.
         count_weight_key (NestedKey): where the count weight goes. Defaults to
             ``"count_weight"``.
 
@@ -119,11 +121,12 @@ def make_windows(
                 "or pass the key(s) that hold it as memory_key."
             )
 
-    ended = None
+    flags = {}
     for arg, key in (
         ("done_key", done_key),
         ("terminated_key", terminated_key),
         ("truncated_key", truncated_key),
+        ("is_first_key", is_first_key),
     ):
         flag = rollout.get(key, None)
         if flag is None:
@@ -136,16 +139,18 @@ def make_windows(
         if flag.dtype != torch.bool or tuple(flag.shape) != (num_envs, steps, 1):
             raise TypeError(
                 f"{arg}={key!r} must be bool of shape {(num_envs, steps, 1)}, got "
-                f"{flag.dtype} of shape {tuple(flag.shape)}."
+                f"{flag.dtype} of shape {tuple(flag.shape)}; convert it with "
+                ".bool().reshape(num_envs, T, 1)."
             )
-        ended = flag if ended is None else ended | flag
+        flags[arg] = flag
+    is_first = flags.pop("is_first_key", None)
+    ended = torch.stack(list(flags.values())).any(0)
 
     # reset[e, t]: step t begins an episode (its predecessor ended, or the rollout says so)
     reset = torch.ones_like(ended)
     reset[:, 1:] = ended[:, :-1]
-    is_first = rollout.get(is_first_key, None)
     if is_first is not None:
-        reset = reset | is_first.reshape(reset.shape).bool()
+        reset = reset | is_first
 
     device = ended.device
     starts = torch.arange(0, steps - window + 1, stride, device=device)
