@@ -61,6 +61,37 @@ def test_load_rejects_corrupt_files(tmp_path, arrays, match):
     assert "bad.npz" in str(info.value)
 
 
+def _snapshot_arrays(steps, offsets, blob):
+    return {
+        "actions": np.zeros(3, np.uint8), "rewards": np.zeros(3), "meta": np.array("{}"),
+        "snapshot_steps": np.asarray(steps), "snapshot_offsets": np.asarray(offsets),
+        "snapshot_bytes": np.asarray(blob),
+    }
+
+
+@pytest.mark.parametrize(
+    "arrays, match",
+    [
+        # offsets missing: the snapshots cannot be cut apart
+        ({k: v for k, v in _snapshot_arrays([0], [0, 2], np.zeros(2, np.uint8)).items() if k != "snapshot_offsets"}, "snapshot_offsets"),
+        # float offsets, decreasing offsets, 2-D steps, float bytes
+        (_snapshot_arrays([0], [0.0, 2.0], np.zeros(2, np.uint8)), "snapshot_offsets"),
+        (_snapshot_arrays([0, 1], [0, 3, 2], np.zeros(2, np.uint8)), "snapshot_offsets"),
+        (_snapshot_arrays([[0]], [0, 2], np.zeros(2, np.uint8)), "snapshot_steps"),
+        (_snapshot_arrays([0], [0, 2], np.zeros(2, np.float32)), "snapshot_bytes"),
+        # actions must index an action set: a negative one would wrap around
+        ({"actions": np.array([0, -1, 2]), "rewards": np.zeros(3), "meta": np.array("{}")}, "negative"),
+        # a NaN reward makes the demo's total unreachable
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.array([0.0, np.nan, 1.0]), "meta": np.array("{}")}, "finite"),
+    ],
+)
+def test_load_rejects_corrupt_snapshots_and_values(tmp_path, arrays, match):
+    path = _write(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=match) as info:
+        Demo.load(path)
+    assert "bad.npz" in str(info.value)
+
+
 def test_load_rejects_non_npz(tmp_path):
     path = tmp_path / "demo.npz"
     path.write_bytes(b"not a zip file")

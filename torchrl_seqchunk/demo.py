@@ -52,8 +52,9 @@ class Demo:
 
     Raises:
         TypeError: ``actions`` is not integer or ``rewards`` not numeric.
-        ValueError: arrays are not 1-D, lengths disagree, the demo is empty,
-            or a snapshot index is outside ``[0, N]``.
+        ValueError: arrays are not 1-D, lengths disagree, the demo is empty, an
+            action is negative, a reward is not finite, or a snapshot index is
+            outside ``[0, N]``.
 
     Examples:
         >>> demo = Demo([1, 0, 1], [0.0, 1.0, 2.0], meta={"reset_seed": 0})
@@ -83,6 +84,16 @@ class Demo:
             raise ValueError(
                 f"actions and rewards must be 1-D of equal length, got shapes "
                 f"{actions.shape} and {rewards.shape}; pass one reward per action."
+            )
+        if actions.min() < 0:
+            raise ValueError(
+                f"actions holds negative values (first at step {int(np.argmax(actions < 0))}); "
+                "pass action indices >= 0."
+            )
+        if not np.isfinite(rewards).all():
+            raise ValueError(
+                f"rewards must be finite, got {rewards[~np.isfinite(rewards)][0]} at step "
+                f"{int(np.argmax(~np.isfinite(rewards)))}; the demo's score would be undefined."
             )
         self.actions = actions.astype(np.int64)
         self.rewards = rewards.astype(np.float64)
@@ -164,13 +175,35 @@ class Demo:
         except json.JSONDecodeError as err:
             raise ValueError(f"demo file {path!r}: 'meta' is not a JSON string ({err}).") from err
         snapshots = {}
-        if "snapshot_steps" in arrays:
+        snapshot_keys = {"snapshot_steps", "snapshot_offsets", "snapshot_bytes"}
+        if snapshot_keys & set(arrays):
+            if not snapshot_keys <= set(arrays):
+                raise ValueError(
+                    f"demo file {path!r} has {sorted(snapshot_keys & set(arrays))} but lacks "
+                    f"{sorted(snapshot_keys - set(arrays))}; snapshots need all three arrays."
+                )
             steps, offsets = arrays["snapshot_steps"], arrays["snapshot_offsets"]
             blob = arrays["snapshot_bytes"]
-            if offsets.shape != (len(steps) + 1,) or offsets[-1] != len(blob):
+            if steps.ndim != 1 or steps.dtype.kind not in "iu":
                 raise ValueError(
-                    f"demo file {path!r}: snapshot_offsets {offsets.shape} do not match "
-                    f"{len(steps)} snapshot_steps and {len(blob)} snapshot_bytes."
+                    f"demo file {path!r}: snapshot_steps must be a 1-D integer array, got "
+                    f"{steps.dtype} {steps.shape}."
+                )
+            if blob.ndim != 1 or blob.dtype != np.uint8:
+                raise ValueError(
+                    f"demo file {path!r}: snapshot_bytes must be 1-D uint8, got {blob.dtype} {blob.shape}."
+                )
+            if (
+                offsets.dtype.kind not in "iu"
+                or offsets.shape != (len(steps) + 1,)
+                or offsets[0] != 0
+                or offsets[-1] != len(blob)
+                or (np.diff(offsets) < 0).any()
+            ):
+                raise ValueError(
+                    f"demo file {path!r}: snapshot_offsets ({offsets.dtype} {offsets.shape}) must be "
+                    f"non-decreasing integers from 0 to {len(blob)} (the snapshot_bytes length), "
+                    f"one more than the {len(steps)} snapshot_steps."
                 )
             snapshots = {
                 int(k): blob[offsets[i] : offsets[i + 1]].tobytes() for i, k in enumerate(steps)
