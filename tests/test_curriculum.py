@@ -126,6 +126,8 @@ def test_due_and_state_dict_round_trip():
         ({"move_threshold": 0.0}, "move_threshold"),
         ({"maximum": 100}, "maximum"),
         ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 4 points
+        ({"num_envs": True}, "num_envs"),
+        ({"maximum": 5.5}, "maximum"),
     ],
 )
 def test_manager_rejects_bad_arguments(kwargs, match):
@@ -135,6 +137,14 @@ def test_manager_rejects_bad_arguments(kwargs, match):
 
 def test_record_rejects_bad_input():
     manager = ResetManager(100, 2)
+    # success rates or rounded points would be silently cast: 0.5 -> True, 1.7 -> 1
+    with pytest.raises(TypeError, match="successes must be bool"):
+        manager.record([1, 2], [1.0, 0.5])
+    with pytest.raises(TypeError, match="successes must be bool"):
+        manager.record(torch.tensor([1, 2]), torch.tensor([2, 0]))
+    with pytest.raises(TypeError, match="starting_points must be integers"):
+        manager.record(torch.tensor([1.7, 2.2]), [True, False])
+    assert manager.num_pending == 0
     with pytest.raises(ValueError, match="same number"):
         manager.record([1, 2], [True])
     with pytest.raises(ValueError, match=r"\[0, 99\]"):

@@ -136,7 +136,7 @@ class ResetManager:
             ("update_every", update_every),
             ("nudge", nudge),
         ]:
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
         if not move_threshold > 0:
             raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
@@ -152,6 +152,8 @@ class ResetManager:
         self.move_threshold, self.nudge, self.window = move_threshold, nudge, window
         self.update_every, self.decay = update_every, decay
         self.maximum = demo_length - 1 if maximum is None else maximum
+        if isinstance(self.maximum, bool) or not isinstance(self.maximum, int):
+            raise ValueError(f"maximum must be an int in [0, {demo_length - 1}], got {maximum!r}.")
         if not 0 <= self.maximum < demo_length:
             raise ValueError(f"maximum must be in [0, {demo_length - 1}], got {maximum}.")
         self.rates = torch.zeros(demo_length, dtype=torch.float64)
@@ -173,10 +175,21 @@ class ResetManager:
                 at least as well as the demo.
 
         Raises:
+            TypeError: ``starting_points`` is not integer or ``successes`` not bool.
             ValueError: shapes differ or a starting point is out of range.
         """
-        points = torch.as_tensor(starting_points).reshape(-1).long()
-        successes = torch.as_tensor(successes).reshape(-1).bool()
+        points, successes = torch.as_tensor(starting_points), torch.as_tensor(successes)
+        if points.is_floating_point() or points.is_complex() or points.dtype == torch.bool:
+            raise TypeError(
+                f"starting_points must be integers, got dtype {points.dtype}; pass the int64 "
+                "points the episodes started from."
+            )
+        if successes.dtype != torch.bool:
+            raise TypeError(
+                f"successes must be bool, got dtype {successes.dtype}; pass one True/False per "
+                "episode (e.g. score >= demo.total), not a rate."
+            )
+        points, successes = points.reshape(-1).long(), successes.reshape(-1)
         if points.shape != successes.shape:
             raise ValueError(
                 f"starting_points and successes must have the same number of elements, got "
