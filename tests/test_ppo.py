@@ -311,3 +311,26 @@ def test_bad_input():
     float_flags["is_first"] = float_flags["is_first"].float()
     with pytest.raises(TypeError, match="is_first_key='is_first' has dtype torch.float32"):
         loss(float_flags)
+
+
+@pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
+def test_logged_diagnostics_are_scalars(mode):
+    # ClipPPOLoss reduces ESS and explained variance over dim 0 only, which on windows
+    # [N, W] leaves one value per window position; logging needs one number each
+    actor, critic, _, _ = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
+    loss = RecurrentPPOLoss(actor, critic, boundary_mode=mode, clip_value=0.2)
+    windows["state_value"] = torch.randn(*windows.shape, 1)
+    with torch.no_grad():
+        log_weight = actor.get_dist(windows.clone()).log_prob(windows["action"]) - windows["action_log_prob"]
+        value = critic(windows.clone())["state_value"]
+    out = loss(windows.clone())
+    for key in out.keys():
+        assert out[key].dim() == 0, (key, out[key].shape)
+    # by hand: per window position, then averaged over positions
+    weight = log_weight.exp()
+    ess = weight.sum(0) ** 2 / (weight**2).sum(0) / weight.shape[0]
+    torch.testing.assert_close(out["ESS"], ess.mean(), atol=1e-5, rtol=1e-5)
+    target = windows["value_target"]
+    explained = 1 - (target - value).var(0, correction=0) / target.var(0, correction=0)
+    torch.testing.assert_close(out["explained_variance"], explained.mean(), atol=1e-5, rtol=1e-5)

@@ -49,8 +49,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
     diluted by dropped slots (so comparable across modes and episode lengths).
     TorchRL's other logging entries (``entropy``, ``clip_fraction``, ``kl_approx``,
     ``ESS``, ratios, ``explained_variance``) are computed over all slots as
-    :class:`~torchrl.objectives.ClipPPOLoss` computes them on a ``[N, W]`` batch
-    (``ESS`` and ``explained_variance`` per window position).
+    :class:`~torchrl.objectives.ClipPPOLoss` computes them on a ``[N, W]`` batch;
+    ``ESS`` and ``explained_variance``, which it computes per window position, are
+    averaged over the ``W`` positions, so (with ``reduction="mean"`` or ``"sum"``)
+    every output entry is a 0-d tensor.
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
@@ -233,6 +235,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 dropped_zero = torch.where(kept, per_slot, torch.zeros_like(per_slot))
                 reduced = super()._reduce_loss(dropped_zero, tensordict)
             out.set(name, reduced)
+        for name in ("ESS", "explained_variance"):
+            # ClipPPOLoss reduces these over dim 0 only: one value per window position
+            per_position = out.get(name, None)
+            if per_position is not None:
+                out.set(name, per_position.mean())
         out.set("real_slots", real.sum())
         out.set("mean_count_weight", count_weight[real].mean())
         return out
