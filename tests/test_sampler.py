@@ -1,6 +1,7 @@
 import doctest
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -293,12 +294,22 @@ def test_is_first_key_and_step_key_options():
         ((0, 4), {}, ValueError, "num_streams must be >= 1, got 0"),
         ((2, -1), {}, ValueError, "seq_len must be >= 1, got -1"),
         ((2, 4.0), {}, TypeError, "seq_len must be an int"),
+        ((True, 4), {}, TypeError, "num_streams must be an int"),
+        ((np.int64(0), 4), {}, ValueError, "num_streams must be >= 1, got 0"),
+        ((2, np.int32(0)), {}, ValueError, "seq_len must be >= 1, got 0"),
         ((2, 4), {"generator": 3}, TypeError, "generator must be a torch.Generator"),
     ],
 )
 def test_bad_arguments(args, kwargs, error, words):
     with pytest.raises(error, match=words):
         StreamChunkSampler(*args, **kwargs)
+
+
+def test_numpy_integer_sizes_are_accepted():
+    rb = buffer(np.int64(1), np.int32(3))
+    rb.extend(episodes([5]))
+    assert rb.sample()["obs"].tolist() == [[0, 1, 2]]
+    assert type(rb.sampler.num_streams) is int and type(rb.sampler.seq_len) is int
 
 
 def test_no_complete_episode_error_names_the_count():

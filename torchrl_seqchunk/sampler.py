@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import numbers
 import warnings
 from pathlib import Path
 from typing import Any
@@ -490,8 +491,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``("collector", "mask")``, as TorchRL's slice samplers.
 
     Raises:
-        TypeError: ``num_streams`` / ``seq_len`` not ints, non-bool ``end_key`` flags,
-            ``generator`` not a ``torch.Generator``.
+        TypeError: ``num_streams`` / ``seq_len`` not integers (``int``, numpy integers; a
+            ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
+            ``torch.Generator``.
         ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
             ``num_streams * seq_len``; a storage that is not one-dimensional, lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
@@ -535,7 +537,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         mask_key: NestedKey = ("collector", "mask"),
     ):
         for name, value in (("num_streams", num_streams), ("seq_len", seq_len)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(
                     f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})."
                 )
@@ -546,7 +548,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
                 "pass torch.Generator().manual_seed(seed)."
             )
-        self.num_streams, self.seq_len = num_streams, seq_len
+        self.num_streams, self.seq_len = int(num_streams), int(seq_len)
         self.end_key, self.traj_key, self.is_first_key = end_key, traj_key, is_first_key
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
         self.episode_key, self.step_key, self.mask_key = episode_key, step_key, mask_key
