@@ -445,3 +445,12 @@ def test_example_moves_the_maximum_back(tmp_path):
     assert len(rows) == 4 and (tmp_path / "curriculum.png").exists()
     # the demo's last reward is at frame 52,536: every later starting point succeeds at once
     assert int(rows[-1]["max_starting_point"]) <= 52_536
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import torchrl_seqchunk.curriculum as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

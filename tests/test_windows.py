@@ -133,3 +133,12 @@ def test_bad_input():
         make_windows(soft_first, 2)
     with pytest.raises(TypeError, match="rollout must be a TensorDict"):
         make_windows({"step": torch.zeros(1, 3)}, 2)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import torchrl_seqchunk.windows as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
