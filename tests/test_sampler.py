@@ -1,5 +1,6 @@
 import doctest
 import math
+import re
 
 import numpy as np
 import pytest
@@ -317,6 +318,26 @@ def test_no_complete_episode_error_names_the_count():
     rb.extend(episodes([6], done_last=False))
     with pytest.raises(ValueError, match=r"holds 6 step\(s\).*only_complete=False"):
         rb.sample()
+
+
+@pytest.mark.parametrize(
+    "traj_key, keep_done, says, not_says",
+    [
+        (None, True, r"\('next', 'done'\) is never True at the end", "traj"),
+        ("traj", True, r"\('next', 'done'\) is never True at the end", "changes"),
+        ("traj", False, r"'traj' never changes after a whole episode .no \('next', 'do", "True"),
+    ],
+)
+def test_no_complete_episode_error_names_the_rule_in_use(traj_key, keep_done, says, not_says):
+    rb = buffer(1, 2, traj_key=traj_key)
+    data = episodes([4], done_last=False).set("traj", torch.tensor([0, 0, 1, 1]))
+    if traj_key is None or not keep_done:  # one id: no change, hence no end
+        data["traj"] = torch.zeros(4, dtype=torch.long)
+    rb.extend(data if keep_done else data.exclude(("next", "done")))
+    with pytest.raises(ValueError, match="no complete episode") as error:
+        rb.sample()
+    assert re.search(says, str(error.value))
+    assert not_says not in str(error.value)
 
 
 def test_episode_longer_than_storage_error():

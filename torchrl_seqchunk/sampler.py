@@ -611,9 +611,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise ValueError(
                 f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
                 f"in the storage: it holds {len(storage)} step(s) of capacity "
-                f"{storage.max_size} and no whole episode ends in it ({self.end_key!r} never "
-                f"True{'' if self.traj_key is None else f' and {self.traj_key!r} never changes'}"
-                " after a whole episode). Write whole episodes before sampling, or pass "
+                f"{storage.max_size} and no whole episode ends in it ({self._end_rule(storage)})."
+                " Write whole episodes before sampling, or pass "
                 "only_complete=False to draw the episode still being written; an episode "
                 "longer than the storage capacity can never be stored whole, so raise the "
                 "capacity."
@@ -627,6 +626,17 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             self._deal_epoch()
         rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
         return self._chunk(rows)
+
+    def _end_rule(self, storage: Storage) -> str:
+        """How episodes end here, said as the condition that never held."""
+        if self.traj_key is None or (
+            len(storage) and storage[:].get(self.end_key, default=None) is not None
+        ):
+            return f"{self.end_key!r} is never True at the end of a whole episode"
+        return (
+            f"{self.traj_key!r} never changes after a whole episode (no {self.end_key!r} is "
+            "stored, so an episode ends where the trajectory id changes)"
+        )
 
     def _sync(self, storage: Storage) -> None:
         """Reads the steps written since the last call; cuts queued steps overwritten since."""
