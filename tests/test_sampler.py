@@ -1,6 +1,7 @@
 import doctest
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -8,7 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ReplayBuffer,
+    TensorDictReplayBuffer,
+)
 
 from torchrl_seqchunk import StreamChunkSampler
 from torchrl_seqchunk import sampler as sampler_module
@@ -357,6 +363,21 @@ def test_missing_end_key_and_non_bool_flags():
     rb.extend(data.set(("next", "done"), data["next", "done"].long()))
     with pytest.raises(TypeError, match="must hold bool flags, got dtype torch.int64"):
         rb.sample()
+
+
+def test_plain_replay_buffer_gets_a_warning_naming_tensordict_replay_buffer():
+    sampler = StreamChunkSampler(1, 4, generator=torch.Generator().manual_seed(0))
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler, batch_size=4)
+    rb.extend(episodes([4]))
+    with pytest.warns(UserWarning, match="Use TensorDictReplayBuffer"):
+        chunk, info = rb.sample(return_info=True)
+    assert "is_first" not in chunk.keys()  # the buffer dropped it
+    assert info["is_first"].squeeze(-1).tolist() == [[True, False, False, False]]
+    rb = buffer(1, 4)
+    rb.extend(episodes([4]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning in a TensorDictReplayBuffer
+        assert rb.sample()["is_first"].squeeze(-1).tolist() == [[True, False, False, False]]
 
 
 def test_wrong_batch_size_and_state_mismatch():

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDictBase
+from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -430,6 +431,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
       count of its first step) and the step-in-episode of every slot (diagnostics);
     - ``mask_key`` with ``replacement=False``: bool ``[B, T]``, False on padding.
 
+    These keys travel in the sampler's info, which a plain
+    :class:`~torchrl.data.ReplayBuffer` leaves out of what ``rb.sample()`` returns: the
+    sampler warns when the buffer reading its storage is not a ``TensorDictReplayBuffer``
+    (``rb.sample(return_info=True)`` then hands them over in the info dict).
+
     Episodes come from ``end_key`` flags (the last step of an episode has it True); steps
     are then read as one sequence in write order. A collector's ``[num_envs, T]`` batch,
     written flat (``rb.extend(batch.reshape(-1))``, env after env), interleaves several
@@ -606,6 +612,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"batch_size must be num_streams * seq_len = {B} * {T} = {B * T}, got "
                 f"{batch_size}; build the replay buffer with batch_size={B * T}."
             )
+        self._check_buffer(storage)
         self._sync(storage)
         if not len(self._tracker):
             raise ValueError(
@@ -626,6 +633,21 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             self._deal_epoch()
         rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
         return self._chunk(rows)
+
+    def _check_buffer(self, storage: Storage) -> None:
+        """Warns when a buffer that drops the sampler's info samples through this sampler
+        (TorchRL storages list the buffers attached to them)."""
+        for buffer in getattr(storage, "_attached_entities", ()):
+            if getattr(buffer, "_sampler", None) is self and not isinstance(
+                buffer, TensorDictReplayBuffer
+            ):
+                warnings.warn(
+                    f"StreamChunkSampler is sampled by a {type(buffer).__name__}, which returns "
+                    f"the data without the sampler's info: the chunks carry no "
+                    f"{self.is_first_key!r} flags. Use TensorDictReplayBuffer, or read them "
+                    "from rb.sample(return_info=True)[1].",
+                    stacklevel=2,
+                )
 
     def _end_rule(self, storage: Storage) -> str:
         """How episodes end here, said as the condition that never held."""
