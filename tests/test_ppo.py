@@ -307,6 +307,22 @@ def test_bad_input():
         loss(windows.exclude("count_weight"))
     with pytest.raises(ValueError, match=r"batch_size=\(20,\).*expects windows \[N, W\]"):
         loss(windows.reshape(-1))
+    # a ResetRNN that resets to zeros (no reset_state_key) or reads another reset flag would
+    # silently start every window from the wrong memory
+    cell = nn.GRUCell(OBS, HIDDEN)
+    zeros_at_reset = TensorDictSequential(
+        ResetRNN(cell, in_key="obs", out_key="critic_h", state_key="critic_state", carry=False),
+        TensorDictModule(nn.Linear(HIDDEN, 1), ["critic_h"], ["state_value"]),
+    )
+    with pytest.raises(ValueError, match="reset_state_key"):
+        RecurrentPPOLoss(actor, zeros_at_reset)
+    other_flag = TensorDictSequential(
+        ResetRNN(cell, in_key="obs", out_key="critic_h", state_key="critic_state",
+                 reset_state_key="critic_state", is_first_key="is_init", carry=False),
+        TensorDictModule(nn.Linear(HIDDEN, 1), ["critic_h"], ["state_value"]),
+    )
+    with pytest.raises(ValueError, match="is_first_key='is_init'"):
+        RecurrentPPOLoss(actor, other_flag)
     float_flags = windows.clone()
     float_flags["is_first"] = float_flags["is_first"].float()
     with pytest.raises(TypeError, match="is_first_key='is_first' has dtype torch.float32"):

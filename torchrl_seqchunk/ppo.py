@@ -6,10 +6,27 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
-from tensordict.utils import NestedKey
+from tensordict.utils import NestedKey, unravel_key
 from torchrl.objectives import ClipPPOLoss
 
+from .recurrent import ResetRNN
+
 BOUNDARY_MODES = ("reset_continue", "mask", "inverse_count")
+
+
+def _check_window_rnn(role: str, rnn: ResetRNN, is_first_key: NestedKey) -> None:
+    """A ResetRNN in a window loss must restart from the stored memory on the loss's flag."""
+    if rnn.reset_state_keys is None:
+        raise ValueError(
+            f"a ResetRNN in {role} has reset_state_key=None, so every window would start from "
+            f"zeros instead of the stored memory {rnn.state_keys}; build it with reset_state_key "
+            "equal to its state_key and carry=False."
+        )
+    if rnn.is_first_key != is_first_key:
+        raise ValueError(
+            f"a ResetRNN in {role} reads is_first_key={rnn.is_first_key!r} but the windows carry "
+            f"their reset flags under is_first_key={is_first_key!r}; pass the same key to both."
+        )
 
 
 class RecurrentPPOLoss(ClipPPOLoss):
@@ -76,7 +93,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``reduction``, ``functional``, ...), unchanged.
 
     Raises:
-        ValueError: unknown ``boundary_mode`` (at construction); input that is not
+        ValueError: unknown ``boundary_mode``, or a :class:`~torchrl_seqchunk.ResetRNN`
+            in the actor or critic without ``reset_state_key`` or reading another
+            ``is_first_key`` (at construction); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
             or entries of the wrong shape (at call time).
         TypeError: a reset flag that is not bool (at call time).
@@ -138,6 +157,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
             raise ValueError(
                 f"boundary_mode must be one of {BOUNDARY_MODES}, got {boundary_mode!r}."
             )
+        for role, network in (("actor_network", actor_network), ("critic_network", critic_network)):
+            for module in network.modules() if network is not None else ():
+                if isinstance(module, ResetRNN):
+                    _check_window_rnn(role, module, unravel_key(is_first_key))
         super().__init__(actor_network, critic_network, **kwargs)
         self.boundary_mode = boundary_mode
         self.set_keys(is_first=is_first_key, count_weight=count_weight_key)
