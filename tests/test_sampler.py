@@ -169,6 +169,21 @@ def test_steps_added_one_by_one_and_emptied_buffer():
     assert rb.sampler.ran_out
 
 
+def test_overwrites_emptying_every_stream_end_the_epoch():
+    rb = buffer(1, 2, capacity=6, replacement=False)
+    rb.extend(episodes([3, 3]))  # slots 0..5, one epoch is 3 chunks
+    chunks = []
+    for chunk in rb:
+        chunks.append(chunk)
+        if len(chunks) == 1:  # mid-epoch, a new rollout overwrites every slot
+            rb.extend(episodes([3, 3], first_obs=10))
+    assert len(chunks) == 1 and rb.sampler.ran_out  # the epoch ended at that write
+    chunk = rb.sample()  # the next sample starts an epoch over the new rollout
+    assert chunk["obs"].tolist() in ([[10, 11]], [[13, 14]])
+    assert chunk["is_first"].squeeze(-1).tolist() == [[True, False]]
+    assert not rb.sampler.ran_out
+
+
 def test_incomplete_episode_is_not_drawn():
     rb = buffer(2, 5)
     rb.extend(episodes([3, 4], done_last=False))  # the 4-step episode is still running

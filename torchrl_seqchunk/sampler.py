@@ -461,7 +461,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     then run until every stream is empty; a stream that runs out first is padded
     (``mask_key`` False, ``is_first`` True, the padding repeats a valid slot).
     :attr:`ran_out` turns True with the last chunk of an epoch, so ``for chunk in rb:``
-    runs exactly one epoch; the next :meth:`sample` starts a new one.
+    runs exactly one epoch; the next :meth:`sample` starts a new one. A write that
+    overwrites every step still queued ends the epoch there (:attr:`ran_out` turns True).
 
     The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
     replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
@@ -563,7 +564,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     # ----------------------------------------------------------------- replay-buffer hooks
     def add(self, index: int) -> None:
-        self._log.record(torch.as_tensor(index))
+        self._record(torch.as_tensor(index))
 
     def extend(self, index: torch.Tensor) -> None:
         if isinstance(index, tuple):
@@ -572,7 +573,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 "write index; flatten [num_envs, T] data to steps in time order per env before "
                 "rb.extend, or use one storage dimension."
             )
-        self._log.record(torch.as_tensor(index))
+        self._record(torch.as_tensor(index))
+
+    def _record(self, index: torch.Tensor) -> None:
+        self._log.record(index)
+        if not self.replacement and any(stream.unread for stream in self._streams):
+            for stream in self._streams:  # the epoch ends if the write leaves nothing to read
+                stream.drop_stale(self._log.stamps)
+            if not any(stream.unread for stream in self._streams):
+                self._ran_out, self._remaining_batches = True, 0
 
     def _empty(self) -> None:
         self._log = _WriteLog()
