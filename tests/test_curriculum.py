@@ -236,6 +236,17 @@ def test_diverging_demo_is_detected_on_first_use():
         reset_at(env, 4)
 
 
+def test_replay_ended_by_the_env_names_the_end():
+    # a time limit shorter than the replay ends the episode although every reward agrees
+    demo = toy_demo()
+    env = TransformedEnv(
+        GymWrapper(gym.wrappers.TimeLimit(ChainEnv(), max_episode_steps=5)),
+        ReverseCurriculum(demo, restore="replay"),
+    )
+    with pytest.raises(ValueError, match="episode ended .*truncated.* at step 4"):
+        reset_at(env, 10)
+
+
 def test_lag_and_success_end_the_episode():
     demo = toy_demo()
     env = make_worker(demo, max_lag=2)

@@ -286,8 +286,14 @@ class _ReplayRestore:
         obs, _ = env.reset(seed=self.seed)
         for step in range(k):
             obs, reward, terminated, truncated, _ = env.step(int(self.demo.actions[step]))
-            if not np.isclose(reward, self.demo.rewards[step]) or terminated or truncated:
+            if not np.isclose(reward, self.demo.rewards[step]):
                 raise _diverged(self.demo, step, reward)
+            if terminated or truncated:
+                raise ValueError(
+                    f"demo replay to starting point {k}: the episode ended (terminated={terminated}, "
+                    f"truncated={truncated}) at step {step}; raise the env's time limit "
+                    "(max_episode_steps) above the demo length or check the demo's env and seed."
+                )
         return obs
 
 
