@@ -323,6 +323,11 @@ def test_bad_input():
     )
     with pytest.raises(ValueError, match="is_first_key='is_init'"):
         RecurrentPPOLoss(actor, other_flag)
+    # a window not flagged at slot 0 would start from zeros (or a stale carry), not its memory
+    unflagged = windows.clone()
+    unflagged["is_first"][3, 0] = False
+    with pytest.raises(ValueError, match=r"slot 0 .* window 3"):
+        loss(unflagged)
     float_flags = windows.clone()
     float_flags["is_first"] = float_flags["is_first"].float()
     with pytest.raises(TypeError, match="is_first_key='is_first' has dtype torch.float32"):

@@ -97,7 +97,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
             in the actor or critic without ``reset_state_key`` or reading another
             ``is_first_key`` (at construction); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
-            or entries of the wrong shape (at call time).
+            entries of the wrong shape, or a window whose slot 0 is not a reset
+            slot (at call time).
         TypeError: a reset flag that is not bool (at call time).
 
     Examples:
@@ -217,6 +218,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
             raise TypeError(
                 f"is_first_key={self.tensor_keys.is_first!r} has dtype {is_first.dtype}; "
                 "reset flags must be torch.bool."
+            )
+        if not is_first[:, 0].all():
+            raise ValueError(
+                f"is_first_key={self.tensor_keys.is_first!r} is False at slot 0 of window "
+                f"{int((~is_first[:, 0]).nonzero()[0])}; every window starts from its stored "
+                "memory, so slot 0 must be a reset slot (make_windows sets it)."
             )
         count_weight = self._window_entry(tensordict, "count_weight")
         if self.boundary_mode != "mask":
