@@ -116,6 +116,9 @@ def test_record_demo_on_a_gymnasium_env():
         record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN + [0])
     with pytest.raises(ValueError, match="clone_state"):
         record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, snapshot_every=2)
+    # a fractional stride would snapshot at steps 0, 5, 10, ... of snapshot_every=2.5
+    with pytest.raises(ValueError, match="snapshot_every must be a positive int.*2.5"):
+        record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, snapshot_every=2.5)
 
 
 def test_record_demo_snapshots_restore_on_ale():

@@ -263,7 +263,9 @@ def record_demo(
         >>> demo.total, demo.meta["reset_seed"]
         (1.0, 0)
     """
-    if snapshot_every is not None and snapshot_every < 1:
+    if snapshot_every is not None and (
+        isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1
+    ):
         raise ValueError(f"snapshot_every must be a positive int or None, got {snapshot_every}.")
     clone = getattr(env.unwrapped, "clone_state", None)
     if snapshot_every is not None and clone is None:
