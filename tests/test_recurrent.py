@@ -29,6 +29,39 @@ class TupleCell(nn.Module):
         return h, torch.tanh(self.post(h))
 
 
+class RSSMCell(nn.Module):
+    """An RSSM-like cell whose state is a TensorDict: deterministic "deter", latent `stoch_key`."""
+
+    def __init__(self, input_size, hidden, latent, stoch_key="stoch"):
+        super().__init__()
+        self.stoch_key = stoch_key
+        self.gru = nn.GRUCell(input_size + latent, hidden)
+        self.post = nn.Linear(hidden + input_size, latent)
+
+    def forward(self, x, state):
+        deter = self.gru(torch.cat([x, state[self.stoch_key]], -1), state["deter"])
+        stoch = torch.tanh(self.post(torch.cat([deter, x], -1)))
+        # keys in another order than the state's: entries are matched by key
+        return TensorDict({self.stoch_key: stoch, "deter": deter}, state.batch_size)
+
+
+class PairCell(nn.Module):
+    """Two minGRUs side by side, state TensorDict {"fast": [H], "slow": [2]}: still linear."""
+
+    def __init__(self, input_size, hidden):
+        super().__init__()
+        self.cells = nn.ModuleDict(
+            {"fast": MinGRUCell(input_size, hidden), "slow": MinGRUCell(input_size, 2)}
+        )
+
+    def forward(self, x, state):
+        return TensorDict({k: c(x, state[k]) for k, c in self.cells.items()}, state.batch_size)
+
+    def linear_coefficients(self, x):
+        a, b = zip(*(c.linear_coefficients(x) for c in self.cells.values()))
+        return tuple(TensorDict(dict(zip(self.cells, v)), x.shape[:-1]) for v in (a, b))
+
+
 class Accumulator(nn.Module):
     """h_t = h_{t-1} + x_t (the wrapper does the resetting); also a linear recurrence."""
 
@@ -50,7 +83,19 @@ def make_rnn(kind):
         "lstmcell": lambda: nn.LSTMCell(F, H),
         "tuplecell": lambda: TupleCell(F, H, 2),
         "mingru": lambda: MinGRUCell(F, H),
+        "rssm": lambda: RSSMCell(F, H, 2),
+        "rssm_nested": lambda: RSSMCell(F, H, 2, stoch_key=("latent", "stoch")),
+        "pair": lambda: PairCell(F, H),
     }[kind]()
+
+
+# ResetRNN's state_shape of the custom cells (TensorDict states: entry name -> shape)
+STATE_SHAPE = {
+    "tuplecell": ((H,), (2,)),
+    "rssm": {"deter": (H,), "stoch": (2,)},
+    "rssm_nested": {"deter": (H,), ("latent", "stoch"): (2,)},
+    "pair": {"fast": (H,), "slow": (2,)},
+}
 
 
 def state_shapes(rnn):
@@ -86,6 +131,28 @@ def reference(rnn, x, is_first, h0, reset_state):
             state = [new] if isinstance(new, torch.Tensor) else list(new)
             ys.append(state[0])
     return torch.stack(ys, 1), state
+
+
+def td_state(kind, *batch, make=torch.randn, **kwargs):
+    """A TensorDict state of a TensorDict-state cell, batch `batch`."""
+    entries = {key: make(*batch, *shape, **kwargs) for key, shape in STATE_SHAPE[kind].items()}
+    return TensorDict(entries, batch)
+
+
+def td_reference(cell, x, is_first, h0, reset_state):
+    """Per-step loop on TensorDicts: torch.where takes the reset value, then one cell step."""
+    state, ys = h0, []
+    for t in range(x.shape[1]):
+        state = cell(x[:, t], torch.where(is_first[:, t], reset_state[:, t], state))
+        ys.append(state)
+    return torch.stack(ys, 1), state
+
+
+def features(y):
+    """A tensor output as is; a TensorDict output as its entries side by side, by key."""
+    if isinstance(y, torch.Tensor):
+        return y
+    return torch.cat([y[k] for k in sorted(y.keys(True, True), key=str)], -1)
 
 
 def random_flags(rate=0.25):
@@ -156,6 +223,33 @@ def test_backend_matches_reference(kind, backend, stored, flags):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("stored", [False, True], ids=["zeros", "stored"])
+@pytest.mark.parametrize(
+    "kind,backend", [("rssm", "loop"), ("rssm_nested", "loop"), ("pair", "loop"), ("pair", "scan")]
+)
+def test_tensordict_state_matches_reference(kind, backend, stored):
+    cell = make_rnn(kind)
+    x = torch.randn(B, T, F, requires_grad=True)
+    h0 = td_state(kind, B, requires_grad=True)
+    make = torch.randn if stored else torch.zeros
+    resets = td_state(kind, B, T, make=make, requires_grad=stored)
+    is_first = random_flags()
+    leaves = [x, *h0.values(True, True), *cell.parameters()]
+    leaves += list(resets.values(True, True)) if stored else []
+
+    y_ref, h_ref = td_reference(cell, x, is_first, h0, resets)
+    g_ref = grads(loss_of(features(y_ref), [features(h_ref)]), leaves)
+
+    y, h_last = rnn_with_resets(
+        cell, x, is_first.unsqueeze(-1), h0, resets if stored else None, backend=backend
+    )
+    assert isinstance(y, TensorDict) and y.batch_size == (B, T) and h_last.batch_size == (B,)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(h_last, h_ref, atol=1e-5, rtol=0)
+    for g, r in zip(grads(loss_of(features(y), [features(h_last)]), leaves), g_ref):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=0)
+
+
 def test_no_gradient_through_a_reset():
     rnn = nn.GRU(F, H, batch_first=True)
     x = torch.randn(1, 4, F, requires_grad=True)
@@ -194,6 +288,8 @@ def test_auto_picks_scan_for_linear_recurrences_and_loop_on_cpu():
     assert recurrent._pick_backend(MinGRUCell(F, H), device) == "scan"
     assert recurrent._pick_backend(nn.GRU(F, H), device) == "loop"
     assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda")) == "packed"
+    assert recurrent._pick_backend(make_rnn("pair"), device) == "scan"
+    assert recurrent._pick_backend(make_rnn("rssm"), device) == "loop"
 
 
 def test_under_no_grad():
@@ -247,9 +343,26 @@ def test_bad_inputs_raise_clear_errors():
         ResetRNN(TupleCell(F, H, 2))
     with pytest.raises(ValueError, match="initial_state"):
         ResetRNN(gru, initial_state="random")
-    state = TensorDict({"h": torch.zeros(B, H), "z": torch.zeros(B, 2)}, [B])
-    with pytest.raises(TypeError, match=r"h0 must be a tensor or a tuple.*'h', 'z'.*tuple\(h0"):
-        rnn_with_resets(TupleCell(F, H, 2), x, torch.zeros(B, T), state)
+
+    # TensorDict states: every state has the same keys; scan needs a linear cell
+    rssm, h0, no_reset = make_rnn("rssm"), td_state("rssm", B), torch.zeros(B, T)
+    with pytest.raises(ValueError, match=r"reset_state must hold exactly the entries"):
+        rnn_with_resets(rssm, x, no_reset, h0, h0.exclude("stoch").unsqueeze(1))
+    with pytest.raises(TypeError, match=r"reset_state must be a TensorDict"):
+        rnn_with_resets(rssm, x, no_reset, h0, (h0["deter"], h0["stoch"]))
+
+    class ForgetsStoch(nn.Module):
+        def forward(self, x, h):
+            return h.exclude("stoch")
+
+    with pytest.raises(ValueError, match=r"the output of ForgetsStoch must hold exactly"):
+        rnn_with_resets(ForgetsStoch(), x, no_reset, h0)
+    with pytest.raises(TypeError, match="linear_coefficients"):
+        rnn_with_resets(rssm, x, no_reset, h0, backend="scan")
+    with pytest.raises(TypeError, match="packed"):
+        rnn_with_resets(rssm, x, no_reset, h0, backend="packed")
+    with pytest.raises(ValueError, match=r"state_shape must be .*dict of shapes"):
+        ResetRNN(rssm, state_shape={"deter": "H"})
 
 
 # --------------------------------------------------------------------------- ResetRNN
@@ -258,14 +371,14 @@ def chunk(x, is_first, **extra):
 
 
 @pytest.mark.parametrize("reset_at_start", [False, True])
-@pytest.mark.parametrize("kind", ["gru2", "lstm2", "mingru"])
+@pytest.mark.parametrize("kind", ["gru2", "lstm2", "mingru", "rssm"])
 def test_carry_equals_one_long_call(kind, reset_at_start):
     rnn = make_rnn(kind)
     x, is_first = torch.randn(B, 2 * T, F), torch.rand(B, 2 * T) < 0.1
     is_first[:, T] = reset_at_start
-    whole = ResetRNN(rnn)
+    whole = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
     y_whole = whole(chunk(x, is_first))["features"]
-    split = ResetRNN(rnn)
+    split = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
     y_first = split(chunk(x[:, :T], is_first[:, :T]))["features"]
     saved = split.state_dict()
     y_second = split(chunk(x[:, T:], is_first[:, T:]))["features"]
@@ -274,7 +387,7 @@ def test_carry_equals_one_long_call(kind, reset_at_start):
         torch.testing.assert_close(c_split, c_whole)
         assert c_split.grad_fn is None  # truncated BPTT
 
-    resumed = ResetRNN(rnn)
+    resumed = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
     resumed.load_state_dict(saved)
     torch.testing.assert_close(resumed(chunk(x[:, T:], is_first[:, T:]))["features"], y_second)
 
@@ -330,13 +443,15 @@ def test_learned_initial_state_is_used_at_resets_and_trained():
     assert grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind", ["gru2", "lstm2", "tuplecell"])
+@pytest.mark.parametrize("kind", ["gru2", "lstm2", "tuplecell", "rssm_nested"])
 def test_step_mode_writes_used_and_next_state_and_matches_sequence_mode(kind):
     rnn = make_rnn(kind)
-    shape = ((H,), (2,)) if kind == "tuplecell" else None
-    module = ResetRNN(rnn, state_shape=shape, carry=False)
+    module = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind), carry=False)
     if kind == "lstm2":
         assert module.state_keys == [("recurrent_state", "h"), ("recurrent_state", "c")]
+    if kind == "rssm_nested":
+        stoch = ("recurrent_state", "latent", "stoch")
+        assert module.state_keys == [("recurrent_state", "deter"), stoch]
     next_keys = [k for k in module.out_keys if isinstance(k, tuple) and k[0] == "next"]
     x, flags = torch.randn(B, T, F), random_flags()
     flags[:, 0] = flags[:, 3] = True
@@ -367,10 +482,11 @@ def test_step_mode_without_state_or_batch_dims():
     assert td["next", "recurrent_state", "c"].shape == (H,)
 
 
-def test_reset_state_from_the_batch_reproduces_the_rollout():
+@pytest.mark.parametrize("kind", ["gru2", "rssm"])
+def test_reset_state_from_the_batch_reproduces_the_rollout(kind):
     """Windows of 4 slots with stored memory at each window start reproduce the rollout."""
-    rnn = nn.GRU(F, H, num_layers=2, batch_first=True)
-    actor = ResetRNN(rnn)
+    rnn = make_rnn(kind)
+    actor = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
     steps = 12
     x, is_first = torch.randn(2, steps, F), torch.zeros(2, steps, dtype=torch.bool)
     is_first[:, 0] = True
@@ -386,7 +502,7 @@ def test_reset_state_from_the_batch_reproduces_the_rollout():
             stored.append(td["recurrent_state"])
             outputs.append(td["features"])
             state = td["next", "recurrent_state"]
-    stored, outputs = torch.stack(stored, 1), torch.stack(outputs, 1)  # [2, steps, 2, H]
+    stored, outputs = torch.stack(stored, 1), torch.stack(outputs, 1)  # [2, steps, *S]
 
     width = 4
     starts = range(steps - width + 1)
@@ -400,10 +516,11 @@ def test_reset_state_from_the_batch_reproduces_the_rollout():
     )
     windows["is_first"][:, 0] = True  # every window starts from its stored memory
     expected = cut(outputs)
-    learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False)
+    shape = STATE_SHAPE.get(kind)
+    learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False, state_shape=shape)
     torch.testing.assert_close(learner(windows.clone())["features"], expected)
-    zero_start = ResetRNN(rnn, carry=False)(windows.clone())["features"]
-    assert not torch.allclose(zero_start, expected, atol=1e-4)  # memory matters here
+    zero_start = ResetRNN(rnn, carry=False, state_shape=shape)(windows.clone())["features"]
+    assert not torch.allclose(features(zero_start), features(expected), atol=1e-4)
 
 
 @pytest.mark.parametrize("batched", ["serial", "parallel"])
@@ -443,6 +560,25 @@ def test_primer_with_a_torchrl_env(batched):
     with torch.no_grad():
         replay = module(rollout.exclude("features").clone())["features"]
     torch.testing.assert_close(replay, rollout["features"])
+
+
+def test_tensordict_state_keys_shapes_primer_and_learned_initial_state():
+    module = ResetRNN(
+        make_rnn("rssm_nested"), state_shape=STATE_SHAPE["rssm_nested"], initial_state="learned"
+    )
+    stoch = ("recurrent_state", "latent", "stoch")
+    assert module.state_keys == [("recurrent_state", "deter"), stoch]
+    assert module.state_shapes == [torch.Size([H]), torch.Size([2])]
+    assert module.out_keys[:2] == [("features", "deter"), ("features", "latent", "stoch")]
+    primer = module.make_tensordict_primer()
+    assert primer.primers["recurrent_state", "deter"].shape == (H,)
+    assert primer.primers[stoch].shape == (2,)
+    with torch.no_grad():
+        module.initial[1].copy_(torch.tensor([0.5, -2.0]))
+    td = module(TensorDict({"embed": torch.randn(3, F), "is_first": torch.ones(3, 1)}, [3]))
+    assert td[stoch].tolist() == [[0.5, -2.0]] * 3  # the learned value was used at the reset
+    assert td["recurrent_state", "deter"].abs().sum() == 0
+    torch.testing.assert_close(td["features"], td["next", "recurrent_state"])
 
 
 def test_docstring_examples_run():

@@ -11,18 +11,22 @@ shapes do not include the batch: ``[num_layers, H]`` for :class:`torch.nn.GRU`,
 ``([num_layers, H_out], [num_layers, H])`` for :class:`torch.nn.LSTM` (h and c,
 ``H_out = proj_size or H``), ``[H]`` for :class:`torch.nn.GRUCell` and
 :class:`MinGRUCell`, ``([H], [H])`` for :class:`torch.nn.LSTMCell`. A batch of
-states puts the batch first: ``[B, *shape]``.
+states puts the batch first: ``[B, *shape]``. A custom cell may take and return
+its state as a tensor, a tuple of tensors, or a TensorDict (e.g. an RSSM's
+``{"deter": [B, D], "stoch": [B, S]}``); :class:`_Layout` turns any of them into
+that flat tuple and back, so everything below works on flat tuples only.
 
 Each backend (``_loop``, ``_packed``, ``_scan``) is one function
 ``backend(rnn, x, reset, h0, reset_value) -> (y, h_last)`` on that tuple layout.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from tensordict import TensorDictBase, unravel_key
+from tensordict import TensorDict, TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -83,11 +87,60 @@ class MinGRUCell(nn.Module):
 # ----------------------------------------------------------------------------
 
 
-def _state_layout(rnn: nn.Module, state_shape=None):
-    """Return ``(shapes, is_tuple, names)`` of one row's state, or ``None`` if unknown.
+class _Layout(NamedTuple):
+    """One row's state: entry shapes (no batch), how callers pass it, entry names.
 
-    ``state_shape`` (a shape, or a tuple of shapes for a tuple state) describes a
-    custom cell; built-in modules and cells with a ``hidden_size`` know their own.
+    ``kind`` is ``"tensor"``, ``"tuple"`` or ``"tensordict"``. ``names`` are the
+    entries' names under ``state_key`` (``None`` for a tensor; the TensorDict's
+    leaf keys for a TensorDict). The output ``y`` of a step is the first entry,
+    or, for a TensorDict, every entry.
+    """
+
+    shapes: list
+    kind: str
+    names: list | None
+
+    @property
+    def outputs(self) -> int:
+        """How many leading entries form the output."""
+        return len(self.shapes) if self.kind == "tensordict" else 1
+
+    def flatten(self, state, name: str) -> tuple:
+        """``state`` as passed by callers (or returned by a cell) -> tuple of entries."""
+        if self.kind == "tensordict":
+            if not isinstance(state, TensorDictBase):
+                raise TypeError(
+                    f"{name} must be a TensorDict with entries {self.names}, got "
+                    f"{type(state).__name__}."
+                )
+            keys = list(state.keys(True, True))
+            if set(keys) != set(self.names):
+                raise ValueError(
+                    f"{name} must hold exactly the entries {self.names}, got {keys}; "
+                    "every state (h0, reset_state, the cell's output) has the same keys."
+                )
+            state = [state.get(key) for key in self.names]
+        return _as_tuple(state, len(self.shapes), name)
+
+    def structure(self, entries, batch_dims: int = 1):
+        """Inverse of :meth:`flatten`; a TensorDict gets the leading ``batch_dims`` as batch."""
+        if self.kind == "tensordict":
+            return TensorDict(
+                dict(zip(self.names, entries)), batch_size=entries[0].shape[:batch_dims]
+            )
+        return tuple(entries) if self.kind == "tuple" else entries[0]
+
+    def output(self, entries):
+        """``y`` from the output entries ``[B, T, ...]``: a tensor, or a ``[B, T]`` TensorDict."""
+        return self.structure(entries, 2) if self.kind == "tensordict" else entries[0]
+
+
+def _state_layout(rnn: nn.Module, state_shape=None, name: str = "state_shape"):
+    """Return the :class:`_Layout` of one row's state, or ``None`` if unknown.
+
+    ``state_shape`` (a shape, a tuple of shapes, or a dict of shapes for a
+    TensorDict state) describes a custom cell; built-in modules and cells with a
+    ``hidden_size`` know their own. ``name`` is what errors call it.
     """
     if isinstance(rnn, nn.RNNBase):
         if not isinstance(rnn, (nn.GRU, nn.LSTM)):
@@ -102,37 +155,53 @@ def _state_layout(rnn: nn.Module, state_shape=None):
             )
         layers = rnn.num_layers
         if isinstance(rnn, nn.GRU):
-            return [torch.Size([layers, rnn.hidden_size])], False, None
+            return _Layout([torch.Size([layers, rnn.hidden_size])], "tensor", None)
         out = rnn.proj_size or rnn.hidden_size
-        return [torch.Size([layers, out]), torch.Size([layers, rnn.hidden_size])], True, ["h", "c"]
+        shapes = [torch.Size([layers, out]), torch.Size([layers, rnn.hidden_size])]
+        return _Layout(shapes, "tuple", ["h", "c"])
     if isinstance(rnn, nn.LSTMCell):
-        return [torch.Size([rnn.hidden_size])] * 2, True, ["h", "c"]
+        return _Layout([torch.Size([rnn.hidden_size])] * 2, "tuple", ["h", "c"])
     if state_shape is not None:
-        shapes = list(state_shape)
-        if shapes and all(isinstance(s, int) for s in shapes):
-            return [torch.Size(shapes)], False, None
-        if shapes and all(isinstance(s, Sequence) for s in shapes):
-            return [torch.Size(s) for s in shapes], True, [str(i) for i in range(len(shapes))]
-        raise ValueError(
-            f"state_shape must be a shape like (H,) or a tuple of shapes like ((H,), (H,)), "
-            f"got {state_shape!r}."
-        )
+        return _layout_from_shape(state_shape, name)
     hidden_size = getattr(rnn, "hidden_size", None)
     if isinstance(hidden_size, int):
-        return [torch.Size([hidden_size])], False, None
+        return _Layout([torch.Size([hidden_size])], "tensor", None)
     return None
+
+
+def _layout_from_shape(state_shape, name: str) -> _Layout:
+    def as_shape(value):
+        if isinstance(value, Sequence) and all(isinstance(d, int) for d in value):
+            return torch.Size(value)
+        return None
+
+    if isinstance(state_shape, Mapping) and state_shape:
+        shapes = [as_shape(v) for v in state_shape.values()]
+        if None not in shapes:
+            return _Layout(shapes, "tensordict", [unravel_key(k) for k in state_shape])
+    elif isinstance(state_shape, Sequence) and state_shape:
+        if all(isinstance(d, int) for d in state_shape):
+            return _Layout([torch.Size(state_shape)], "tensor", None)
+        shapes = [as_shape(s) for s in state_shape]
+        if None not in shapes:
+            return _Layout(shapes, "tuple", [str(i) for i in range(len(shapes))])
+    raise ValueError(
+        f"{name} must be a shape like (H,), a tuple of shapes like ((H,), (Z,)) or a dict "
+        f"of shapes like {{'deter': (D,), 'stoch': (S,)}}, got {state_shape!r:.120}."
+    )
 
 
 # ----------------------------------------------------------------------------
 # Backends: backend(rnn, x, reset, h0, reset_value) -> (y, h_last)
-#   (the loop backend also takes tuple_state, which cells cannot tell it)
+#   (loop and scan also take the _Layout, which cells cannot tell them)
 #   x [B, T, F]; reset bool [B, T]; h0 tuple of [B, *S];
 #   reset_value None (zeros) or tuple of [B, T, *S] (expanded views);
-#   y [B, T, H_out]; h_last tuple of [B, *S].
+#   y tuple of the output entries [B, T, *S] (layout.outputs of them, the first
+#   being [B, T, H_out]); h_last tuple of [B, *S].
 # ----------------------------------------------------------------------------
 
 
-def _layer_steps(rnn: nn.Module, is_tuple: bool):
+def _layer_steps(rnn: nn.Module, layout: _Layout):
     """One step function per layer: ``step(x_t, state_tuple) -> state_tuple``."""
     if isinstance(rnn, (nn.GRU, nn.LSTM)):
         steps = []
@@ -147,9 +216,8 @@ def _layer_steps(rnn: nn.Module, is_tuple: bool):
                 proj = getattr(rnn, f"weight_hr_l{layer}", None)
                 steps.append(lambda x, s, w=weights, p=proj: _lstm_step(x, s, w, p))
         return steps
-    if is_tuple:
-        return [lambda x, s: tuple(rnn(x, s))]
-    return [lambda x, s: (rnn(x, s[0]),)]
+    output = f"the output of {type(rnn).__name__}"
+    return [lambda x, s: layout.flatten(rnn(x, layout.structure(s)), output)]
 
 
 def _lstm_step(x, state, weights, proj):
@@ -170,7 +238,7 @@ def _reset(state, masks, values):
     return tuple(torch.where(m, v, s) for s, m, v in zip(state, masks, values))
 
 
-def _loop(rnn, x, reset, h0, reset_value, *, tuple_state):
+def _loop(rnn, x, reset, h0, reset_value, *, layout):
     """Loop over time with the native kernels.
 
     An ``nn.GRU`` / ``nn.LSTM`` chunk whose resets fall on few time steps (at
@@ -181,7 +249,7 @@ def _loop(rnn, x, reset, h0, reset_value, *, tuple_state):
         bounds = _segment_bounds(reset)
         if 4 * (len(bounds) - 1) <= reset.shape[1]:
             return _loop_segments(rnn, x, reset, h0, reset_value, bounds)
-    return _loop_steps(rnn, x, reset, h0, reset_value, tuple_state=tuple_state)
+    return _loop_steps(rnn, x, reset, h0, reset_value, layout=layout)
 
 
 def _segment_bounds(reset) -> list:
@@ -208,19 +276,18 @@ def _loop_segments(rnn, x, reset, h0, reset_value, bounds):
         y, new = rnn(segment, native[0] if len(native) == 1 else native)
         outputs.append(y if rnn.batch_first else y.transpose(0, 1))
         state = tuple(s.transpose(0, 1) for s in ((new,) if isinstance(new, torch.Tensor) else new))
-    return torch.cat(outputs, 1), state
+    return (torch.cat(outputs, 1),), state
 
 
-def _loop_steps(rnn, x, reset, h0, reset_value, *, tuple_state):
+def _loop_steps(rnn, x, reset, h0, reset_value, *, layout):
     """Per-step recurrence, layer after layer, with the native cell kernels.
 
     Resets of a stacked module hit all layers at the same step, so layer ``l``
     can run over the whole chunk before layer ``l + 1`` (same result as stepping
-    the stack, fewer tensor copies). ``tuple_state`` says whether a cell takes
-    its state as a tuple.
+    the stack, fewer tensor copies).
     """
     stacked = isinstance(rnn, nn.RNNBase)
-    steps = _layer_steps(rnn, tuple_state)
+    steps = _layer_steps(rnn, layout)
     batch, time = reset.shape
     inputs = x.unbind(1)
     finals = []
@@ -235,13 +302,13 @@ def _loop_steps(rnn, x, reset, h0, reset_value, *, tuple_state):
         for t, x_t in enumerate(inputs):
             state = _reset(state, masks[t], None if values is None else values[t])
             state = step(x_t, state)
-            outputs.append(state[0])
+            outputs.append(state[: layout.outputs])
         finals.append(state)
-        inputs = outputs
+        inputs = [out[0] for out in outputs]
         if stacked and rnn.dropout > 0 and rnn.training and layer < len(steps) - 1:
-            inputs = F.dropout(torch.stack(outputs, 1), rnn.dropout, True).unbind(1)
+            inputs = F.dropout(torch.stack(inputs, 1), rnn.dropout, True).unbind(1)
     h_last = tuple(torch.stack(parts, 1) for parts in zip(*finals)) if stacked else finals[0]
-    return torch.stack(outputs, 1), h_last
+    return tuple(torch.stack(entry, 1) for entry in zip(*outputs)), h_last
 
 
 def _packed(rnn, x, reset, h0, reset_value):
@@ -282,12 +349,14 @@ def _packed(rnn, x, reset, h0, reset_value):
     y = pad_packed_sequence(out, batch_first=True)[0][segment, position]
     last = segment.view(batch, time)[:, -1]
     h_n = (h_n,) if isinstance(h_n, torch.Tensor) else h_n
-    return y.view(batch, time, -1), tuple(h[:, last].transpose(0, 1) for h in h_n)
+    return (y.view(batch, time, -1),), tuple(h[:, last].transpose(0, 1) for h in h_n)
 
 
-def _scan(rnn, x, reset, h0, reset_value):
-    """Parallel inclusive prefix scan of ``h_t = a_t * h_{t-1} + b_t``.
+def _scan(rnn, x, reset, h0, reset_value, *, layout):
+    """Parallel inclusive prefix scan of ``h_t = a_t * h_{t-1} + b_t``, entry by entry.
 
+    ``rnn.linear_coefficients(x)`` returns ``(a, b)``, each shaped like a state
+    over ``[B, T]`` (a tensor, a tuple or a TensorDict, as the cell's state).
     Hillis and Steele doubling (Blelloch, "Prefix sums and their applications",
     1990): ``log2(T + 1)`` rounds of element-wise ops over the whole chunk. A reset
     at ``t`` becomes ``a_t -> 0``, ``b_t -> b_t + a_t * reset_value_t``.
@@ -298,21 +367,29 @@ def _scan(rnn, x, reset, h0, reset_value):
             f"(a, b)` method (such as MinGRUCell), got {type(rnn).__name__}; use "
             "backend='loop'."
         )
-    a, b = rnn.linear_coefficients(x)  # [B, T, H]
-    mask = reset.unsqueeze(-1)
+    name = f"{type(rnn).__name__}.linear_coefficients(x)"
+    a, b = (layout.flatten(c, name) for c in rnn.linear_coefficients(x))  # [B, T, *S]
+    values = [None] * len(h0) if reset_value is None else reset_value
+    states = [_scan_entry(*entry, reset) for entry in zip(a, b, h0, values)]
+    return tuple(states[: layout.outputs]), tuple(h[:, -1] for h in states)
+
+
+def _scan_entry(a, b, h0, reset_value, reset):
+    """One entry of :func:`_scan`: ``a, b [B, T, *S]``, ``h0 [B, *S]`` -> ``h [B, T, *S]``."""
+    mask = reset.view(*reset.shape, *([1] * (h0.dim() - 1)))
     if reset_value is not None:
-        b = torch.where(mask, torch.addcmul(b, a, reset_value[0]), b)
+        b = torch.where(mask, torch.addcmul(b, a, reset_value), b)
     a = a.masked_fill(mask, 0.0)
     # h0 becomes step -1 with a = 0, so the scan needs no special first step; a row
     # reset at t = 0 never reads h0 (0 * nan would still be nan).
-    a = torch.cat([torch.zeros_like(h0[0]).unsqueeze(1), a], 1)
-    b = torch.cat([h0[0].masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
+    a = torch.cat([torch.zeros_like(h0).unsqueeze(1), a], 1)
+    b = torch.cat([h0.masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
     span = 1
     while span < b.shape[1]:
         b = torch.cat([b[:, :span], torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])], 1)
         a = torch.cat([a[:, :span], a[:, span:] * a[:, :-span]], 1)
         span *= 2
-    return b[:, 1:], (b[:, -1],)
+    return b[:, 1:]
 
 
 def _pick_backend(rnn: nn.Module, device: torch.device) -> str:
@@ -376,40 +453,49 @@ def rnn_with_resets(
         rnn (nn.Module): an ``nn.GRU`` or ``nn.LSTM`` (any ``num_layers``,
             ``batch_first`` either way, not bidirectional), an ``nn.GRUCell``,
             ``nn.LSTMCell``, :class:`MinGRUCell`, or any cell ``cell(x_t, h) -> h``
-            where ``h`` is a tensor or a tuple of tensors (the output is ``h`` or
-            ``h[0]``).
+            where ``h`` is a tensor, a tuple of tensors (the output is ``h`` or
+            ``h[0]``) or a TensorDict of tensors with batch size ``[B]``, such as
+            a world-model RSSM's ``{"deter": [B, D], "stoch": [B, S]}`` (the
+            output is the whole state; the cell may return the keys in any order).
         x (Tensor): float ``[B, T, F]``, batch first whatever ``rnn.batch_first``.
         is_first (Tensor): ``[B, T]`` or ``[B, T, 1]``, bool, int or float;
             any non-zero value resets (it is never read as an index).
-        h0 (Tensor or tuple, optional): state before ``t = 0``, ``[B, *S]`` per
-            entry (see the module docstring for ``S``); zeros if omitted (a custom
-            cell without a ``hidden_size`` attribute needs it).
-        reset_state (Tensor or tuple, optional): value taken at resets, per entry
-            broadcastable to ``[B, T, *S]`` (a per-step stored memory, or a learned
-            ``[*S]`` initial state); zeros if omitted.
+        h0 (Tensor, tuple or TensorDict, optional): state before ``t = 0``,
+            ``[B, *S]`` per entry (see the module docstring for ``S``); zeros if
+            omitted (a custom cell without a ``hidden_size`` attribute needs it,
+            and so does a TensorDict-state cell: its keys name the entries).
+        reset_state (Tensor, tuple or TensorDict, optional): value taken at
+            resets, structured like ``h0``, per entry broadcastable to
+            ``[B, T, *S]`` (a per-step stored memory, or a learned ``[*S]``
+            initial state); zeros if omitted.
 
     Keyword Args:
         backend (str): ``"loop"`` (native kernels step by step, or one native
             call per reset-free time segment when resets fall on few steps; the
-            CPU path), ``"packed"`` (reset-free row segments in one packed
-            native call; the GPU path for ``nn.GRU``/``nn.LSTM``), ``"scan"``
-            (parallel prefix scan for cells with ``linear_coefficients``, such
-            as :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
-            ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``loop``).
-            Default ``"auto"``.
+            CPU path; any rnn), ``"packed"`` (reset-free row segments in one
+            packed native call; the GPU path, ``nn.GRU``/``nn.LSTM`` only),
+            ``"scan"`` (parallel prefix scan, only for cells with
+            ``linear_coefficients(x) -> (a, b)``, ``a`` and ``b`` ``[B, T]``
+            structured like the state, such as :class:`MinGRUCell`) or ``"auto"``
+            (``scan`` if possible, else ``packed`` on CUDA for
+            ``nn.GRU``/``nn.LSTM``, else ``loop``). Default ``"auto"``.
 
     Returns:
-        ``(y, h_last)``: ``y`` is ``[B, T, H_out]``; ``h_last`` is the state after
-        the last step, shaped like ``h0``.
+        ``(y, h_last)``: ``y`` is ``[B, T, H_out]`` (a TensorDict ``[B, T]`` of
+        every state entry for a TensorDict state); ``h_last`` is the state after
+        the last step, structured like ``h0`` (a TensorDict with batch ``[B]``).
 
     Raises:
-        TypeError: unsupported ``rnn``, a backend that cannot run it, or
+        TypeError: unsupported ``rnn``, a backend that cannot run it (``packed``
+            for a cell, ``scan`` for a cell without ``linear_coefficients``), or
             non-tensor inputs.
-        ValueError: wrong shapes, unknown ``backend``, a bidirectional ``rnn``.
+        ValueError: wrong shapes, TensorDict states whose keys differ, unknown
+            ``backend``, a bidirectional ``rnn``.
 
     Examples:
         >>> import torch
         >>> from torch import nn
+        >>> from tensordict import TensorDict
         >>> gru = nn.GRU(3, 8, num_layers=2, batch_first=True)
         >>> x = torch.randn(4, 10, 3)
         >>> is_first = torch.zeros(4, 10, 1, dtype=torch.bool)
@@ -420,6 +506,21 @@ def rnn_with_resets(
         >>> y_reset, _ = rnn_with_resets(gru, x[1:2, 6:], torch.zeros(1, 4))
         >>> torch.allclose(y[1:2, 6:], y_reset, atol=1e-6)
         True
+
+        A cell with a TensorDict state (deterministic and latent parts, as in an RSSM):
+
+        >>> class RSSM(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.gru, self.latent = nn.GRUCell(3 + 2, 8), nn.Linear(8, 2)
+        ...     def forward(self, x_t, h):
+        ...         deter = self.gru(torch.cat([x_t, h["stoch"]], -1), h["deter"])
+        ...         stoch = torch.tanh(self.latent(deter))
+        ...         return TensorDict(deter=deter, stoch=stoch, batch_size=h.batch_size)
+        >>> h0 = TensorDict(deter=torch.zeros(4, 8), stoch=torch.zeros(4, 2), batch_size=[4])
+        >>> y, h = rnn_with_resets(RSSM(), x, is_first, h0)
+        >>> y["stoch"].shape, h["deter"].shape
+        (torch.Size([4, 10, 2]), torch.Size([4, 8]))
     """
     if backend not in _BACKEND_NAMES:
         raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}.")
@@ -428,53 +529,64 @@ def rnn_with_resets(
             f"x must be a [B, T, F] tensor, got {getattr(x, 'shape', type(x).__name__)}; "
             "add the missing batch or time dimension."
         )
-    batch, time = x.shape[:2]
-    reset = _reset_mask(is_first, (batch, time)).to(x.device)
-    given = None  # a custom cell's state layout is read from h0 when given
-    if isinstance(h0, TensorDictBase):
-        raise TypeError(
-            f"h0 must be a tensor or a tuple of tensors, got a TensorDict with keys "
-            f"{sorted(map(str, h0.keys(True, True)))}; pass tuple(h0.values(True, True)) and a "
-            "cell that takes and returns its state as a tuple in that order."
-        )
-    if h0 is not None:
-        h0 = tuple(h0) if isinstance(h0, (tuple, list)) else h0
-        given = tuple(h.shape[1:] for h in h0) if isinstance(h0, tuple) else tuple(h0.shape[1:])
-    layout = _state_layout(rnn, given)
+    batch = x.shape[0]
+    reset = _reset_mask(is_first, tuple(x.shape[:2])).to(x.device)
+    # a custom cell's state layout is read from h0 when given
+    layout = _state_layout(rnn, None if h0 is None else _shape_spec(h0), "h0")
     if layout is None:
         raise ValueError(
             f"h0 is required for a {type(rnn).__name__} without a `hidden_size` attribute; "
-            "pass the initial state (a tensor or tuple of [B, *S] tensors)."
+            "pass the initial state (a tensor, tuple or TensorDict of [B, *S] tensors)."
         )
-    shapes, is_tuple, _ = layout
     if h0 is None:
-        h0 = tuple(x.new_zeros(batch, *shape) for shape in shapes)
-    h0 = _as_tuple(h0, len(shapes), "h0")
-    for h, shape in zip(h0, shapes):
+        h0 = tuple(x.new_zeros(batch, *shape) for shape in layout.shapes)
+    h0 = layout.flatten(h0, "h0")
+    if reset_state is not None:
+        reset_state = layout.flatten(reset_state, "reset_state")
+    y, h_last = _unroll(rnn, x, reset, h0, reset_state, layout, backend)
+    return layout.output(y), layout.structure(h_last)
+
+
+def _shape_spec(state):
+    """What ``state_shape`` would say of a batch-first state as given (``h0``)."""
+    if isinstance(state, TensorDictBase):
+        return {key: value.shape[1:] for key, value in state.items(True, True)}
+    if isinstance(state, (tuple, list)):
+        return tuple(h.shape[1:] for h in state)
+    return tuple(state.shape[1:])
+
+
+def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
+    """:func:`rnn_with_resets` on flat states: checks entry shapes, runs the backend.
+
+    ``h0`` a tuple of ``[B, *S]``, ``reset_state`` ``None`` or a tuple of tensors
+    broadcastable to ``[B, T, *S]``; returns ``(y entries, h_last tuple)``.
+    """
+    batch, time = reset.shape
+    for h, shape in zip(h0, layout.shapes):
         if h.shape != (batch, *shape):
             raise ValueError(
                 f"h0 entries must have shape {[batch, *shape]}, got {list(h.shape)}; "
                 "states are batch first (see the module docstring)."
             )
     if reset_state is not None:
-        values = _as_tuple(reset_state, len(h0), "reset_state")
         try:
-            reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(values, shapes))
+            reset_state = tuple(
+                v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes)
+            )
         except RuntimeError as err:
             raise ValueError(
                 f"reset_state entries must broadcast to [B, T, *S] = "
-                f"{[[batch, time, *shape] for shape in shapes]}, got "
-                f"{[list(v.shape) for v in values]}."
+                f"{[[batch, time, *shape] for shape in layout.shapes]}, got "
+                f"{[list(v.shape) for v in reset_state]}."
             ) from err
     if backend == "auto":
         backend = _pick_backend(rnn, x.device)
     if backend == "loop":
-        y, h_last = _loop(rnn, x, reset, h0, reset_state, tuple_state=is_tuple)
-    elif backend == "packed":
-        y, h_last = _packed(rnn, x, reset, h0, reset_state)
-    else:
-        y, h_last = _scan(rnn, x, reset, h0, reset_state)
-    return y, (h_last if is_tuple else h_last[0])
+        return _loop(rnn, x, reset, h0, reset_state, layout=layout)
+    if backend == "packed":
+        return _packed(rnn, x, reset, h0, reset_state)
+    return _scan(rnn, x, reset, h0, reset_state, layout=layout)
 
 
 # ----------------------------------------------------------------------------
@@ -491,10 +603,12 @@ class ResetRNN(TensorDictModuleBase):
       ``[B, T]`` stream chunk or a ``[N, W]`` window batch; leading dims are
       flattened into rows): the state is reset where ``is_first[b, t]`` to
       zeros / the learned initial state, or, with ``reset_state_key``, to the
-      stored per-step memory ``td[reset_state_key][b, t]`` (``[B, T, *S]``).
+      stored per-step memory ``td[reset_state_key][b, t]`` (``[B, T, *S]``
+      per state entry, under the same entry names as the state keys).
       With ``carry=True`` the final state of every row is kept, detached
       (truncated BPTT), and used at ``t = 0`` of the next call where
-      ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``.
+      ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
+      (for a TensorDict state, every entry under ``(*out_key, name)``).
     * **Step mode** (``batch_dims <= 1``, acting in a collector): reads the
       previous state from the state keys (initial state where absent), resets
       rows where ``is_first``, writes the state it used into the root state keys
@@ -503,19 +617,25 @@ class ResetRNN(TensorDictModuleBase):
 
     State layout (see :attr:`state_keys`, :attr:`state_shapes`): a tensor state
     (``nn.GRU`` ``[num_layers, H]``, ``nn.GRUCell`` / :class:`MinGRUCell` ``[H]``)
-    lives under ``state_key``; a tuple state lives under ``(*state_key, name)``
-    with names ``"h"``, ``"c"`` for LSTMs and ``"0"``, ``"1"``, ... for custom
-    cells. Stored states are float tensors ``[*batch, *S]`` of the rnn's dtype.
+    lives under ``state_key``; a tuple or TensorDict state lives under
+    ``(*state_key, name)``, one entry each, with names ``"h"``, ``"c"`` for LSTMs,
+    ``"0"``, ``"1"``, ... for custom cells with a tuple state, and the keys of
+    ``state_shape`` for a TensorDict state (so an RSSM's state is the
+    sub-TensorDict ``td[state_key]`` with ``"deter"`` and ``"stoch"``). Stored
+    states are float tensors ``[*batch, *S]`` of the rnn's dtype.
 
     Args:
         rnn (nn.Module): ``nn.GRU`` / ``nn.LSTM`` (any ``num_layers``,
             ``batch_first`` either way), ``nn.GRUCell``, ``nn.LSTMCell``,
             :class:`MinGRUCell`, or any cell ``cell(x_t, h) -> h`` with ``h`` a
-            tensor or tuple of tensors (then give ``state_shape``).
+            tensor, a tuple of tensors or a TensorDict of tensors with batch
+            ``[N]`` (then give ``state_shape``; see :func:`rnn_with_resets`).
 
     Keyword Args:
         in_key (NestedKey): input features ``[*batch, F]``. Default ``"embed"``.
-        out_key (NestedKey): output features ``[*batch, H_out]``. Default ``"features"``.
+        out_key (NestedKey): output features ``[*batch, H_out]``, or the new
+            state's entries under ``(*out_key, name)`` for a TensorDict state.
+            Default ``"features"``.
         is_first_key (NestedKey): reset flags ``[*batch]`` or ``[*batch, 1]``, any
             dtype, non-zero resets (``"is_init"`` for TorchRL's ``InitTracker``).
             Default ``"is_first"``.
@@ -528,9 +648,11 @@ class ResetRNN(TensorDictModuleBase):
         backend (str): see :func:`rnn_with_resets`. Default ``"auto"``.
         carry (bool): keep each row's final state between sequence-mode calls
             (part of ``state_dict``). Default ``True``.
-        state_shape (shape or tuple of shapes, optional): one row's state for a
-            custom cell without a ``hidden_size`` attribute, e.g. ``(H,)`` or
-            ``((H,), (Z,))`` for a tuple state.
+        state_shape (shape, tuple of shapes or dict of shapes, optional): one
+            row's state for a custom cell without a ``hidden_size`` attribute,
+            e.g. ``(H,)``, ``((H,), (Z,))`` for a tuple state, or
+            ``{"deter": (D,), "stoch": (S,)}`` (keys: entry names, any
+            NestedKey) for a TensorDict state.
 
     Raises:
         TypeError / ValueError: unsupported ``rnn`` or bad option values (at
@@ -552,6 +674,23 @@ class ResetRNN(TensorDictModuleBase):
         >>> step = module(TensorDict({"embed": torch.randn(2, 3), "is_first": is_first}, [2]))
         >>> step["recurrent_state"].abs().sum().item(), step["next", "recurrent_state"].shape
         (0.0, torch.Size([2, 1, 8]))
+
+        A cell whose state is a TensorDict (here a toy RSSM: deterministic and latent parts):
+
+        >>> class RSSM(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.gru, self.latent = nn.GRUCell(3 + 2, 8), nn.Linear(8, 2)
+        ...     def forward(self, x_t, h):
+        ...         deter = self.gru(torch.cat([x_t, h["stoch"]], -1), h["deter"])
+        ...         stoch = torch.tanh(self.latent(deter))
+        ...         return TensorDict(deter=deter, stoch=stoch, batch_size=h.batch_size)
+        >>> rssm = ResetRNN(RSSM(), state_shape={"deter": (8,), "stoch": (2,)})
+        >>> rssm.state_keys
+        [('recurrent_state', 'deter'), ('recurrent_state', 'stoch')]
+        >>> out = rssm(chunk.exclude("features"))
+        >>> out["features", "stoch"].shape, out["features", "deter"].shape
+        (torch.Size([4, 10, 2]), torch.Size([4, 10, 8]))
     """
 
     def __init__(
@@ -575,14 +714,16 @@ class ResetRNN(TensorDictModuleBase):
         if layout is None:
             raise ValueError(
                 f"state_shape is required for a {type(rnn).__name__} without a `hidden_size` "
-                "attribute; pass e.g. state_shape=(H,) or ((H,), (Z,)) for a tuple state."
+                "attribute; pass e.g. state_shape=(H,), ((H,), (Z,)) for a tuple state or "
+                "{'deter': (D,), 'stoch': (S,)} for a TensorDict state."
             )
         if initial_state not in ("zeros", "learned"):
             raise ValueError(f"initial_state must be 'zeros' or 'learned', got {initial_state!r}.")
         if backend not in _BACKEND_NAMES:
             raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}.")
         self.rnn = rnn
-        self.state_shapes, self._tuple_state, names = layout
+        self._layout = layout
+        self.state_shapes, names = layout.shapes, layout.names
         self.backend = backend
         self.carry = bool(carry)
         self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
@@ -595,7 +736,8 @@ class ResetRNN(TensorDictModuleBase):
             k for k in self.reset_state_keys or [] if k not in self.state_keys
         ]
         next_keys = [unravel_key(("next", k)) for k in self.state_keys]
-        self.out_keys = [self.out_key, *self.state_keys, *next_keys]
+        output_names = names if layout.kind == "tensordict" else None
+        self.out_keys = [*self._entry_keys(out_key, output_names), *self.state_keys, *next_keys]
         param = next(rnn.parameters(), torch.empty(0))
         self.initial = None
         if initial_state == "learned":
@@ -633,12 +775,6 @@ class ResetRNN(TensorDictModuleBase):
                 torch.zeros(batch, *s, dtype=self._dtype, device=device) for s in self.state_shapes
             )
         return tuple(p.expand(batch, *p.shape) for p in self.initial)
-
-    def _pack(self, state: tuple):
-        return state if self._tuple_state else state[0]
-
-    def _unpack(self, state) -> tuple:
-        return tuple(state) if self._tuple_state else (state,)
 
     def reset_carry(self, mask=None) -> None:
         """Forget the carried state: of every row (``mask=None``) or of rows where ``mask``.
@@ -709,16 +845,14 @@ class ResetRNN(TensorDictModuleBase):
                     "the number of streams changes."
                 )
         if self.reset_state_keys is not None:
-            reset_state = self._pack(
-                tuple(self._get(rows, k, "reset_state_key") for k in self.reset_state_keys)
-            )
+            keys = self.reset_state_keys
+            reset_state = tuple(self._get(rows, k, "reset_state_key") for k in keys)
         else:
-            reset_state = None if self.initial is None else self._pack(tuple(self.initial))
-        y, h_last = rnn_with_resets(
-            self.rnn, x, reset, self._pack(h0), reset_state, backend=self.backend
-        )
+            reset_state = None if self.initial is None else tuple(self.initial)
+        y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
         if self.carry:
-            self._carry = tuple(h.detach() for h in self._unpack(h_last))
+            self._carry = tuple(h.detach() for h in h_last)
+        y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
 
@@ -741,11 +875,10 @@ class ResetRNN(TensorDictModuleBase):
                 for h, i, s in zip(state, initial, self.state_shapes)
             )
         no_reset = torch.zeros(batch, 1, dtype=torch.bool, device=x.device)
-        y, new = rnn_with_resets(
-            self.rnn, x.unsqueeze(1), no_reset, self._pack(state), backend="loop"
-        )
-        for key, used, nxt in zip(self.state_keys, state, self._unpack(new)):
+        y, new = _unroll(self.rnn, x.unsqueeze(1), no_reset, state, None, self._layout, "loop")
+        for key, used, nxt in zip(self.state_keys, state, new):
             tensordict.set(key, used.reshape(*shape, *used.shape[1:]))
             tensordict.set(unravel_key(("next", key)), nxt.reshape(*shape, *nxt.shape[1:]))
-        tensordict.set(self.out_key, y[:, 0].reshape(*shape, *y.shape[2:]))
+        y = self._layout.output(y)[:, 0]
+        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[1:]))
         return tensordict
