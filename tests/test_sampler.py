@@ -474,6 +474,38 @@ def test_resume_between_collector_batches_keeps_running_trajectories():
     assert set(torch.cat([c["traj"] for c in expected]).unique().tolist()) <= {0, 1, 2}
 
 
+def test_bookkeeping_stays_within_the_storage_capacity():
+    """Trajectories that never end (a collector reset at every batch) or that outlive the
+    storage are forgotten once none of their steps is stored; a resume keeps that count."""
+    def batch(k):  # 6 steps: traj 0 runs on and on, 2k+1 ends, 2k+2 is abandoned
+        done = torch.tensor([False, False, False, True, False, False]).unsqueeze(-1)
+        traj = torch.tensor([0, 0, 2 * k + 1, 2 * k + 1, 2 * k + 2, 2 * k + 2])
+        return TensorDict({"traj": traj, ("next", "done"): done}, [6])
+
+    def make():
+        return buffer(1, 2, capacity=12, traj_key="traj", only_complete=False,
+                      generator=torch.Generator().manual_seed(1))
+
+    rb, resumed = make(), make()
+    for k in range(50):
+        rb.extend(batch(k))
+        resumed.extend(batch(k))
+        chunk = rb.sample()
+        if k == 30:
+            resumed.sampler.load_state_dict(rb.sampler.state_dict())
+        elif k > 30:
+            assert resumed.sample()["traj"].tolist() == chunk["traj"].tolist()
+    # slots 0..5 hold batch 48 (traj 0, 97, 98), slots 6..11 batch 49 (traj 0, 99, 100)
+    for sampler in (rb.sampler, resumed.sampler):
+        tracker = sampler._tracker
+        assert sorted(tracker.open) == [(0,), (98,), (100,)]
+        assert not tracker.open[(0,)].whole  # its first steps were overwritten
+        drawable = sorted(slots.tolist() for _, slots in tracker.all())
+        assert drawable == [[2, 3], [4, 5], [8, 9], [10, 11]]  # 97, 98, 99, 100
+        listed = sum(p.numel() for e in tracker.open.values() for p in e.parts)
+        assert listed + sum(s.numel() for s in tracker.episodes.slots) <= 12
+
+
 def test_unflattened_collector_batch_is_refused():
     rb = buffer(2, 3)
     rb.extend(torch.stack([episodes([3]), episodes([3])]))  # [num_envs, T] in one slot each

@@ -159,12 +159,13 @@ class _Episodes:
 
 
 class _Open:
-    """An episode still being written: id, slots so far (in parts), and whether whole."""
+    """An episode still being written: id, slots so far (in parts; none kept once it is not
+    whole, as it can no longer be drawn), whether whole, and how many slots it still owns."""
 
-    __slots__ = ("id", "parts", "whole")
+    __slots__ = ("id", "parts", "whole", "stored")
 
-    def __init__(self, episode, parts, whole):
-        self.id, self.parts, self.whole = episode, parts, whole
+    def __init__(self, episode, parts, whole, stored=0):
+        self.id, self.parts, self.whole, self.stored = episode, parts, whole, stored
 
 
 class _EpisodeTracker:
@@ -173,7 +174,9 @@ class _EpisodeTracker:
     It reads the end flags (and trajectory ids) of the new steps only, extends the episodes
     being written (the *open* ones), and files each episode that ends into
     :class:`_Episodes` unless steps of it were lost. An episode whose slots get
-    overwritten is removed. ``only_complete=False`` also lets open episodes be drawn.
+    overwritten is removed. ``only_complete=False`` also lets open episodes be drawn. An
+    open episode none of whose steps is stored any more is forgotten (a trajectory that
+    never ends, e.g. cut by a collector reset), so the bookkeeping never outgrows the storage.
 
     With end flags alone there is one open episode. With trajectory ids and end flags an
     episode ends at its end flag only: a collector's flattened ``[num_envs, T]`` batch
@@ -205,10 +208,15 @@ class _EpisodeTracker:
             grown = torch.full((data.shape[0],), -1, dtype=torch.long)
             grown[: self.owner.numel()] = self.owner
             self.owner = grown
-        open_by_id = {entry.id: entry for entry in self.open.values()}
-        for episode in self.owner[slots].unique().tolist():  # episodes losing steps
+        open_by_id = {entry.id: (key, entry) for key, entry in self.open.items()}
+        losing = []  # open (key, entry) losing steps
+        previous, lost = self.owner[slots.unique()].unique(return_counts=True)
+        for episode, count in zip(previous.tolist(), lost.tolist()):  # episodes losing steps
             if episode in open_by_id:
-                open_by_id[episode].whole = False
+                key, entry = open_by_id[episode]
+                entry.whole, entry.parts = False, []
+                entry.stored -= count
+                losing.append((key, entry))
             elif episode in self.episodes:
                 self.episodes.remove(episode)
         # keep the stored steps; an episode with lost steps before one of them is not whole
@@ -255,6 +263,9 @@ class _EpisodeTracker:
             if ends[stop - 1]:
                 self._close(key)
             start = stop
+        for key, entry in losing:  # none of its steps left: forget it
+            if entry.stored == 0 and self.open.get(key) is entry:
+                del self.open[key]
 
     def _check_not_interleaved(self, data, slots, ends, lost_before) -> None:
         """Refuses collector trajectory ids that change inside what ``end_key`` calls one
@@ -288,7 +299,11 @@ class _EpisodeTracker:
     def _extend(self, key, slots, lost_before, first_stamp) -> None:
         entry = self.open.setdefault(key, _Open(first_stamp, [], True))
         entry.whole &= not bool(lost_before.any())
-        entry.parts.append(slots)
+        if entry.whole:
+            entry.parts.append(slots)
+        else:  # never drawn now: keep no slot list
+            entry.parts = []
+        entry.stored += slots.numel()
         self.owner[slots] = entry.id
 
     def _close(self, key) -> None:
@@ -338,10 +353,12 @@ class _EpisodeTracker:
             self.episodes.add(episode, episode_slots.clone())
         open_slots = state["open_slots"].split(state["open_lengths"].tolist())
         ids, whole = state["open_ids"].tolist(), state["open_whole"]
+        owners, owned = self.owner.unique(return_counts=True)
+        stored = dict(zip(owners.tolist(), owned.tolist()))
         fields = zip(state["open_keys"], ids, open_slots, whole)
         for key, episode, episode_slots, is_whole in fields:
-            parts = [episode_slots.clone()] if episode_slots.numel() else []
-            self.open[key] = _Open(episode, parts, is_whole)
+            parts = [episode_slots.clone()] if episode_slots.numel() and is_whole else []
+            self.open[key] = _Open(episode, parts, is_whole, stored.get(episode, 0))
         self.last_traj = state["last_traj"]
 
 
@@ -453,7 +470,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     when the sampler first saw it is read in slot order. It reads the new steps at the next
     sample, so with ``traj_key`` write at most the capacity between two samples: a step
     overwritten before it was read belongs to an unknown trajectory, so the episodes
-    written after it in that stretch are dropped, with a warning.
+    written after it in that stretch are dropped, with a warning. An episode still being
+    written is forgotten once none of its steps is stored (a trajectory that never ends,
+    e.g. cut by a collector's ``reset_at_each_iter``, keeps nothing), so the bookkeeping
+    stays within the capacity; should its trajectory id come back after that, the new
+    steps are read as an episode starting there.
 
     ``replacement=False`` (on-policy use): an epoch starts with every eligible episode
     dealt once, longest first, to the stream with the fewest steps so far (streams
