@@ -673,7 +673,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ):
                 warnings.warn(
                     f"StreamChunkSampler is sampled by a {type(buffer).__name__}, which returns "
-                    f"the data without the sampler's info: the chunks carry no "
+                    "the data without the sampler's info: the chunks carry no "
                     f"{self.is_first_key!r} flags. Use TensorDictReplayBuffer, or read them "
                     "from rb.sample(return_info=True)[1].",
                     stacklevel=2,
