@@ -523,14 +523,21 @@ def test_reset_state_from_the_batch_reproduces_the_rollout(kind):
     assert not torch.allclose(features(zero_start), features(expected), atol=1e-4)
 
 
-@pytest.mark.parametrize("batched", ["serial", "parallel"])
+@pytest.mark.parametrize("batched", ["serial", "parallel", "serial-rssm"])
 def test_primer_with_a_torchrl_env(batched):
     from torchrl.envs import GymEnv, InitTracker, ParallelEnv, SerialEnv, TransformedEnv
 
-    rnn = nn.GRU(4, 8, batch_first=True) if batched == "serial" else nn.LSTM(4, 8, num_layers=2)
-    module = ResetRNN(rnn, carry=False)
+    rnn, shape = {
+        "serial": (nn.GRU(4, 8, batch_first=True), None),
+        "parallel": (nn.LSTM(4, 8, num_layers=2), None),
+        "serial-rssm": (
+            RSSMCell(4, 8, 2, stoch_key=("latent", "stoch")),
+            {"deter": (8,), ("latent", "stoch"): (2,)},
+        ),
+    }[batched]
+    module = ResetRNN(rnn, carry=False, state_shape=shape)
     make_env = functools.partial(GymEnv, "CartPole-v1")
-    base = SerialEnv(2, make_env) if batched == "serial" else ParallelEnv(2, make_env)
+    base = ParallelEnv(2, make_env) if batched == "parallel" else SerialEnv(2, make_env)
     env = TransformedEnv(base, InitTracker(init_key="is_first"))
     env.append_transform(module.make_tensordict_primer())
     for key, shape in zip(module.state_keys, module.state_shapes):
@@ -540,7 +547,7 @@ def test_primer_with_a_torchrl_env(batched):
         module,
         TensorDictModule(
             lambda f: nn.functional.one_hot((f[..., 0] > 0).long(), 2),
-            in_keys=["features"], out_keys=["action"],
+            in_keys=[module.out_keys[0]], out_keys=["action"],
         ),
     )
     env.set_seed(0)
