@@ -156,6 +156,27 @@ def test_time_only_layout():
     )
 
 
+@pytest.mark.parametrize("gamma, lmbda", [(0.0, 0.95), (0.99, 0.0), (1e-20, 1e-20), (1.0, 1.0)])
+def test_float32_three_batch_dims_and_is_init(gamma, lmbda):
+    rng = np.random.default_rng(1)
+    shape = (2, 3, 9)
+    reward, value, next_value = rng.normal(size=(3, *shape))
+    terminated = rng.random(shape) < 0.15
+    truncated = (rng.random(shape) < 0.15) & ~terminated
+    is_init = rng.random(shape) < 0.1
+    td = make_td(reward, value, next_value, terminated | truncated, terminated, truncated)
+    td = td.apply(lambda x: x.float() if x.is_floating_point() else x)
+    td["is_init"] = torch.as_tensor(is_init).unsqueeze(-1)
+    boundary_gae(td, gamma=gamma, lmbda=lmbda, is_first_key="is_init")
+
+    stop = terminated | truncated
+    stop[..., :-1] |= is_init[..., 1:]
+    rows = [x.reshape(6, 9) for x in (reward, value, next_value, terminated, stop)]
+    expected = np.stack([gae_loop(*(x[i] for x in rows), gamma, lmbda) for i in range(6)])
+    assert td["advantage"].dtype == torch.float32
+    np.testing.assert_allclose(td["advantage"].squeeze(-1).numpy(), expected.reshape(shape), atol=1e-5)
+
+
 def test_value_target_is_detached_from_the_critic_graph():
     # values still attached to a critic graph: neither output may carry it, or a second
     # PPO epoch would backpropagate into the rollout's (freed) critic graph
