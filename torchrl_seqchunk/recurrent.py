@@ -532,7 +532,7 @@ def rnn_with_resets(
     batch = x.shape[0]
     reset = _reset_mask(is_first, tuple(x.shape[:2])).to(x.device)
     # a custom cell's state layout is read from h0 when given
-    layout = _state_layout(rnn, None if h0 is None else _shape_spec(h0), "h0")
+    layout = _state_layout(rnn, None if h0 is None else _shape_spec(h0), "h0's per-row shape")
     if layout is None:
         raise ValueError(
             f"h0 is required for a {type(rnn).__name__} without a `hidden_size` attribute; "
