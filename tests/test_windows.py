@@ -142,3 +142,41 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_collector_rollout_flags_and_stored_memory():
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torch import nn
+    from torchrl.collectors import Collector
+    from torchrl.envs import Compose, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+
+    from torchrl_seqchunk import ResetRNN
+
+    rnn = ResetRNN(nn.GRUCell(4, 8), in_key="observation", out_key="h", state_key="mem", carry=False)
+
+    def make_env():
+        return TransformedEnv(GymEnv("CartPole-v1"), Compose(InitTracker(init_key="is_first"), StepCounter(5)))
+
+    env = TransformedEnv(SerialEnv(2, make_env), rnn.make_tensordict_primer())
+    # the action depends on the memory (one-hot, as GymEnv encodes CartPole's actions)
+    head = TensorDictModule(lambda h: nn.functional.one_hot((h[..., 0] > 0).long(), 2), ["h"], ["action"])
+    collector = Collector(
+        env, TensorDictSequential(rnn, head), frames_per_batch=36, total_frames=36,
+        auto_register_policy_transforms=False,  # InitTracker sits in the workers
+    )
+    rollout = next(iter(collector))  # [2, 18], episodes of at most 5 steps
+    collector.shutdown()
+    windows = make_windows(rollout, 4, stride=2, memory_key="mem")
+    index = torch.arange(0, 15, 2)[:, None] + torch.arange(4)  # [S=8, W=4]
+    # reset slots: slot 0, and wherever the previous step ended an episode
+    previous_done = torch.cat([torch.ones(2, 1, dtype=torch.bool), rollout["next", "done"][:, :-1, 0]], 1)
+    expected = previous_done[:, index].clone()
+    expected[..., 0] = True
+    assert previous_done[:, 1:].any()
+    assert torch.equal(windows["is_first"].squeeze(-1), expected.reshape(-1, 4))
+    # the stored memory is the one the agent acted with: zeros at an episode's first step,
+    # the previous step's next memory inside an episode
+    memory, starts = windows["mem"], previous_done[:, index].reshape(-1, 4)
+    assert memory[starts].abs().sum() == 0
+    following = rollout["next", "mem"][:, index].reshape(-1, 4, 8)
+    torch.testing.assert_close(memory[:, 1:][~starts[:, 1:]], following[:, :-1][~starts[:, 1:]])
