@@ -465,3 +465,12 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_errors_name_the_value_and_the_fix():
+    demo = toy_demo()
+    with pytest.raises(ValueError, match=r"manager.demo_length=10 .* ResetManager\(len\(demo\)"):
+        ReverseCurriculum(demo, ResetManager(10, 1))
+    env = make_worker(demo)
+    with pytest.raises(ValueError, match=r"'starting_point'=40 is outside the demo \[0, 39\]; .*ResetManager"):
+        reset_at(env, 40)

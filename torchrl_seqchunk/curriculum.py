@@ -198,7 +198,8 @@ class ResetManager:
         if points.numel() and (points.min() < 0 or points.max() >= self.demo_length):
             raise ValueError(
                 f"starting_points must lie in [0, {self.demo_length - 1}], got range "
-                f"[{points.min().item()}, {points.max().item()}]."
+                f"[{points.min().item()}, {points.max().item()}]; record the points this "
+                "manager assigned."
             )
         self._points.append(points)
         self._successes.append(successes)
@@ -468,7 +469,8 @@ class ReverseCurriculum(Transform):
             )
         if manager is not None and manager.demo_length != len(demo):
             raise ValueError(
-                f"manager.demo_length={manager.demo_length} but the demo has {len(demo)} steps."
+                f"manager.demo_length={manager.demo_length} but the demo has {len(demo)} steps; "
+                "build the manager with ResetManager(len(demo), num_envs)."
             )
         for name, value in [("snapshot_every", snapshot_every), ("frames_per_step", frames_per_step)]:
             if not isinstance(value, int) or value < 1:
@@ -557,7 +559,10 @@ class ReverseCurriculum(Transform):
             point = tensordict.get(self.starting_point_key, None)
             k = 0 if point is None else int(point.reshape(-1)[0])
             if not 0 <= k < len(self.demo):
-                raise ValueError(f"starting point {k} is outside the demo [0, {len(self.demo) - 1}].")
+                raise ValueError(
+                    f"{self.starting_point_key!r}={k} is outside the demo [0, {len(self.demo) - 1}]; "
+                    "the assigning transform's ResetManager must be built for this demo's length."
+                )
             obs = TensorDict(base.read_obs(self.restore(base._env, k)), batch_size=[])
             tensordict_reset.update(obs.to(tensordict_reset.device))
             device = tensordict_reset.device
