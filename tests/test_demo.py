@@ -81,6 +81,8 @@ def _snapshot_arrays(steps, offsets, blob):
         (_snapshot_arrays([0], [0, 2], np.zeros(2, np.float32)), "snapshot_bytes"),
         # actions must index an action set: a negative one would wrap around
         ({"actions": np.array([0, -1, 2]), "rewards": np.zeros(3), "meta": np.array("{}")}, "negative"),
+        # meta must be a JSON object, not any JSON value
+        ({"actions": np.zeros(3, np.uint8), "rewards": np.zeros(3), "meta": np.array("[1, 2]")}, "JSON object"),
         # a NaN reward makes the demo's total unreachable
         ({"actions": np.zeros(3, np.uint8), "rewards": np.array([0.0, np.nan, 1.0]), "meta": np.array("{}")}, "finite"),
     ],

@@ -174,6 +174,10 @@ class Demo:
             meta = json.loads(str(arrays["meta"]))
         except json.JSONDecodeError as err:
             raise ValueError(f"demo file {path!r}: 'meta' is not a JSON string ({err}).") from err
+        if not isinstance(meta, dict):
+            raise ValueError(
+                f"demo file {path!r}: 'meta' must be a JSON object (a dict), got {type(meta).__name__}."
+            )
         snapshots = {}
         snapshot_keys = {"snapshot_steps", "snapshot_offsets", "snapshot_bytes"}
         if snapshot_keys & set(arrays):
