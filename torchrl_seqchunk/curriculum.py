@@ -80,6 +80,12 @@ class ResetManager:
     ``update_every`` finished episodes (:attr:`due`); its window is the spread
     of the worker's starting points.
 
+    Only successes from points strictly below the maximum can move it back (a
+    mass first reached at the maximum itself leaves it there), so the schedule
+    moves backward by itself only when at least two distinct starting points are
+    in play (``num_envs >= 2`` and ``window >= 2``); a single env keeps its
+    starting point unless the maximum is set by hand.
+
     Args:
         demo_length (int): number of demo steps ``N``; starting points are
             ``0 .. N - 1``.
