@@ -36,9 +36,9 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
-from torchrl.objectives import ClipPPOLoss
 from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.modules.distributions import NormalParamExtractor
+from torchrl.objectives import ClipPPOLoss
 from tqdm import tqdm
 
 from torchrl_seqchunk import (
