@@ -181,7 +181,8 @@ def plot_curve(rows: list[dict], path: Path, cfg: Config) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if points:
         ax.plot(*zip(*points))
-    ax.axhline(cfg.target_return, color="gray", ls="--", lw=1)
+    ax.axhline(cfg.target_return, color="gray", ls="--", lw=1, label=f"target {cfg.target_return:g}")
+    ax.legend(loc="lower right")
     ax.set(xlabel="frames", ylabel=f"mean return, last {cfg.return_window} episodes", title=cfg.name)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -204,9 +205,10 @@ def main(cfg: Config) -> list[dict]:
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
 
     frames_per_batch = cfg.num_envs * cfg.rollout_len
+    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
     collector = Collector(
         env, TensorDictSequential(actor, critic),  # the critic also runs, storing its memory
-        frames_per_batch=frames_per_batch, total_frames=cfg.total_frames, device=cfg.device,
+        frames_per_batch=frames_per_batch, total_frames=planned_frames, device=cfg.device,
         auto_register_policy_transforms=False,  # InitTracker(init_key="is_first") is there
     )
     ppo_options = dict(clip_epsilon=cfg.clip_epsilon, entropy_coeff=cfg.entropy_coeff,
@@ -246,9 +248,11 @@ def main(cfg: Config) -> list[dict]:
 
     returns: deque[float] = deque(maxlen=cfg.return_window)
     rows, frames, episodes, frames_to_target, start = [], 0, 0, None, time.perf_counter()
-    with tqdm(total=cfg.total_frames, unit="frames") as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
+    with tqdm(total=planned_frames, unit="frames") as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
         writer = None
         for rollout in collector:  # [num_envs, T]
+            # TorchRL's batched env raises the thread count when it closes, before the last batch
+            torch.set_num_threads(cfg.threads)
             frames += rollout.numel()
             done = rollout["next", "done"].squeeze(-1)  # [num_envs, T]
             returns.extend(rollout["next", "episode_reward"][done].squeeze(-1).tolist())
@@ -275,7 +279,7 @@ def main(cfg: Config) -> list[dict]:
             collector.update_policy_weights_()
             if cfg.anneal_lr:
                 for group in optim.param_groups:
-                    group["lr"] = cfg.lr * max(0.0, 1 - frames / cfg.total_frames)
+                    group["lr"] = cfg.lr * max(0.0, 1 - frames / planned_frames)
 
             return_mean = sum(returns) / len(returns) if returns else float("nan")
             if frames_to_target is None and len(returns) == returns.maxlen and return_mean >= cfg.target_return:
