@@ -1,5 +1,4 @@
 """Demo loading, saving, validation and recording."""
-import json
 from pathlib import Path
 
 import gymnasium as gym
