@@ -153,7 +153,7 @@ class Demo:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Demo":
-        """Reads a demo written by :meth:`save` (or ``shared/data/README.md``'s format).
+        """Reads a demo written by :meth:`save` (or ``examples/data/README.md``'s format).
 
         Raises:
             ValueError: the file is not a readable ``.npz``, misses ``actions``,
