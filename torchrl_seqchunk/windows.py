@@ -71,7 +71,7 @@ def make_windows(
 
     Raises:
         TypeError: ``rollout`` is not a TensorDict, ``window``/``stride`` are not
-            ints, or a flag is not bool.
+            ints, or a flag is not bool ``[num_envs, T, 1]``.
         ValueError: ``rollout`` is not ``[num_envs, T]``, ``window`` outside
             ``[1, T]``, ``stride < 1``, or a memory or done entry is missing.
 
