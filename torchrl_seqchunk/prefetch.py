@@ -117,9 +117,9 @@ class ChunkPrefetcher:
                 f"source={source.__name__}()."
             )
         if callable(source):
-            self._next = source
+            next_chunk = source
         elif isinstance(source, Iterable):
-            self._next = iter(source).__next__
+            next_chunk = iter(source).__next__
         else:
             raise TypeError(
                 f"source must be a callable (e.g. rb.sample) or an iterable, got "
@@ -143,7 +143,7 @@ class ChunkPrefetcher:
         self._finished = False
         self._thread = threading.Thread(
             target=_work,
-            args=(self._next, self._queue, self._stop, self.pin_memory, self.device),
+            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device),
             name="ChunkPrefetcher",
             daemon=True,
         )
