@@ -299,7 +299,9 @@ def main(cfg: Config) -> list[dict]:
                 break
     collector.shutdown()
     plot_curve(rows, out_dir / "learning_curve.png", cfg)
-    print(f"frames_to_{cfg.target_return:g}: {frames_to_target} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
+    seen = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]  # skip NaN
+    print(f"frames_to_{cfg.target_return:g}: {frames_to_target} best_return: {max(seen, default=float('nan')):.1f} "
+          f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
     return rows
 
 
