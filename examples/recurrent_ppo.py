@@ -73,7 +73,7 @@ class Config:
     lmbda: float = 0.95
     lr: float = 1e-3
     anneal_lr: bool = True  # linear decay to 0 over total_frames
-    epochs: int = 10
+    epochs: int = 4  # 10 learns no faster and degrades more after the goal (docs/benchmarks.md)
     minibatches: int = 1
     clip_epsilon: float = 0.2
     entropy_coeff: float = 0.0
