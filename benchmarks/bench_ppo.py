@@ -17,7 +17,6 @@
 """
 import argparse
 import statistics
-import time
 
 import torch
 from tensordict import TensorDict
@@ -34,6 +33,7 @@ from torchrl.objectives.value.functional import (
 )
 
 from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, boundary_gae, make_windows
+from timing import seconds_per_call  # benchmarks/timing.py
 
 MODES = ("reset_continue", "mask", "inverse_count")
 
@@ -122,14 +122,6 @@ def python_loop_gae(td, gamma, lmbda):
     return advantage
 
 
-def timed(fn, repeat=1):
-    """Mean seconds per call over ``repeat`` back-to-back calls."""
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat
-
-
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -152,7 +144,7 @@ def main():
     for round_ in range(args.warmup + args.rounds):
         shift = round_ % len(MODES)  # rotate the order so that no mode always runs first
         for mode in MODES[shift:] + MODES[:shift]:
-            elapsed = timed(lambda: step(mode))
+            elapsed = seconds_per_call(lambda: step(mode))
             if round_ >= args.warmup:
                 times[mode].append(elapsed)
     ratio = min(times["reset_continue"]) / min(times["mask"])
@@ -184,7 +176,7 @@ def main():
     gae_times = {name: [] for name in candidates}
     for round_ in range(args.warmup + args.rounds):
         for name, fn in candidates.items():
-            elapsed = timed(fn, repeat=5)  # a burst, so no candidate runs cold alone
+            elapsed = seconds_per_call(fn, repeat=5)  # a burst, so no candidate runs cold alone
             if round_ >= args.warmup:
                 gae_times[name].append(elapsed)
     gae_ratio = min(gae_times["boundary_gae"]) / min(gae_times["python loop"])

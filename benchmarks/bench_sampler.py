@@ -30,6 +30,7 @@ from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+from timing import seconds_per_call  # benchmarks/timing.py
 
 
 def parse_args():
@@ -73,13 +74,6 @@ def fill(rb, args, generator):
             )
             written += n
             bar.update(n)
-
-
-def seconds_per_call(fn, iters):
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - start) / iters
 
 
 def main():
