@@ -8,18 +8,18 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "StreamChunkSampler": "sampler",
-    "ChunkPrefetcher": "prefetch",
-    "ResetRNN": "recurrent",
-    "rnn_with_resets": "recurrent",
-    "MinGRUCell": "recurrent",
-    "make_windows": "windows",
-    "RecurrentPPOLoss": "ppo",
-    "boundary_gae": "advantages",
-    "Demo": "demo",
-    "record_demo": "demo",
-    "ResetManager": "curriculum",
-    "ReverseCurriculum": "curriculum",
+    "StreamChunkSampler": "streams.sampler",
+    "ChunkPrefetcher": "streams.prefetch",
+    "ResetRNN": "recurrent.module",
+    "rnn_with_resets": "recurrent.functional",
+    "MinGRUCell": "recurrent.cells",
+    "make_windows": "ppo.windows",
+    "RecurrentPPOLoss": "ppo.loss",
+    "boundary_gae": "ppo.advantages",
+    "Demo": "curriculum.demo",
+    "record_demo": "curriculum.demo",
+    "ResetManager": "curriculum.manager",
+    "ReverseCurriculum": "curriculum.transform",
     "MaskObservation": "envs",
 }
 

@@ -241,7 +241,7 @@ def test_bad_input():
 def test_docstring_examples_run():
     import doctest
 
-    import torchrl_seqchunk.advantages as module
+    import torchrl_seqchunk.ppo.advantages as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

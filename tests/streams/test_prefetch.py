@@ -9,7 +9,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler, prefetch
+from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+from torchrl_seqchunk.streams import prefetch
 
 
 def counter(delay=0.0):

@@ -1,6 +1,7 @@
 """Tests for torchrl_seqchunk.recurrent: every backend against a per-step reference loop."""
 import doctest
 import functools
+import importlib
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
 from torchrl_seqchunk import MinGRUCell, ResetRNN, rnn_with_resets
-from torchrl_seqchunk import recurrent
+from torchrl_seqchunk.recurrent import backends as recurrent
 
 B, T, F, H = 5, 9, 3, 4
 
@@ -588,8 +589,9 @@ def test_tensordict_state_keys_shapes_primer_and_learned_initial_state():
     torch.testing.assert_close(td["features"], td["next", "recurrent_state"])
 
 
-def test_docstring_examples_run():
-    result = doctest.testmod(recurrent)
+@pytest.mark.parametrize("name", ["cells", "functional", "module"])
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(f"torchrl_seqchunk.recurrent.{name}"))
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -17,7 +17,7 @@ from torchrl.data import (
 )
 
 from torchrl_seqchunk import StreamChunkSampler
-from torchrl_seqchunk import sampler as sampler_module
+from torchrl_seqchunk.streams import sampler as sampler_module
 
 
 def episodes(lengths, first_obs=0, first_episode=0, done_last=True):

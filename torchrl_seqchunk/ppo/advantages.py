@@ -25,7 +25,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
 
-from .recurrent import rnn_with_resets
+from ..recurrent.functional import rnn_with_resets
 
 
 class _DiscountedSum(nn.Module):

@@ -138,7 +138,7 @@ def test_bad_input():
 def test_docstring_examples_run():
     import doctest
 
-    import torchrl_seqchunk.windows as module
+    import torchrl_seqchunk.ppo.windows as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -148,7 +148,14 @@ def test_collector_rollout_flags_and_stored_memory():
     from tensordict.nn import TensorDictModule, TensorDictSequential
     from torch import nn
     from torchrl.collectors import Collector
-    from torchrl.envs import Compose, GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import (
+        Compose,
+        GymEnv,
+        InitTracker,
+        SerialEnv,
+        StepCounter,
+        TransformedEnv,
+    )
 
     from torchrl_seqchunk import ResetRNN
 

@@ -360,7 +360,7 @@ def test_logged_diagnostics_are_scalars(mode):
 def test_docstring_examples_run():
     import doctest
 
-    import torchrl_seqchunk.ppo as module
+    import torchrl_seqchunk.ppo.loss as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

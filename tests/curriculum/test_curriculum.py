@@ -14,7 +14,7 @@ from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv, Transformed
 
 from torchrl_seqchunk import Demo, ResetManager, ReverseCurriculum, record_demo
 
-DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "data" / "montezuma_revenge_demo.npz"
+DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
 
 
 # --- ResetManager ---------------------------------------------------------------------------
@@ -445,7 +445,7 @@ def test_example_moves_the_maximum_back(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     subprocess.run(
         [sys.executable, str(root / "examples" / "reverse_curriculum.py"), "--total-frames", "512",
@@ -458,12 +458,12 @@ def test_example_moves_the_maximum_back(tmp_path):
     assert int(rows[-1]["max_starting_point"]) <= 52_536
 
 
-def test_docstring_examples_run():
+@pytest.mark.parametrize("name", ["manager", "transform"])
+def test_docstring_examples_run(name):
     import doctest
+    import importlib
 
-    import torchrl_seqchunk.curriculum as module
-
-    result = doctest.testmod(module)
+    result = doctest.testmod(importlib.import_module(f"torchrl_seqchunk.curriculum.{name}"))
     assert result.attempted > 0 and result.failed == 0
 
 

@@ -9,7 +9,7 @@ from tensordict.nn import dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.objectives import ClipPPOLoss
 
-from .recurrent import ResetRNN
+from ..recurrent.module import ResetRNN
 
 BOUNDARY_MODES = ("reset_continue", "mask", "inverse_count")
 

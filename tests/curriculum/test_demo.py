@@ -7,7 +7,7 @@ import pytest
 
 from torchrl_seqchunk import Demo, record_demo
 
-DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "data" / "montezuma_revenge_demo.npz"
+DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
 FROZEN_LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right on the 4x4 map
 
 
@@ -150,7 +150,7 @@ def test_record_demo_snapshots_restore_on_ale():
 def test_docstring_examples_run():
     import doctest
 
-    import torchrl_seqchunk.demo as module
+    import torchrl_seqchunk.curriculum.demo as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,117 @@
+"""Bringing one env to the demo state at a starting point: seeded replay, ALE states.
+
+A restore is a callable ``restore(env, k) -> observation`` on an unbatched
+gymnasium env; :class:`~torchrl_seqchunk.ReverseCurriculum` also takes a user callable.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from .demo import Demo
+
+
+def _check_not_sticky(env) -> None:
+    ale = getattr(env.unwrapped, "ale", None)
+    if ale is not None and ale.getFloat("repeat_action_probability") > 0:
+        raise ValueError(
+            "the env uses sticky actions (repeat_action_probability="
+            f"{ale.getFloat('repeat_action_probability')}), so demo replays are random; "
+            "make it with repeat_action_probability=0.0."
+        )
+
+
+def _diverged(demo: Demo, step: int, reward: float) -> ValueError:
+    return ValueError(
+        f"demo replay diverged at step {step}: the env gave reward {reward}, the demo recorded "
+        f"{demo.rewards[step]}; check the env id, frame skip, sticky actions and reset seed "
+        f"(demo meta: {demo.meta})."
+    )
+
+
+class _ReplayRestore:
+    """Any deterministic gymnasium env: seeded reset, then ``env.step`` through the demo."""
+
+    def __init__(self, demo: Demo, seed: int | None) -> None:
+        self.demo, self.seed = demo, seed
+
+    def __call__(self, env, k: int):
+        _check_not_sticky(env)
+        obs, _ = env.reset(seed=self.seed)
+        for step in range(k):
+            obs, reward, terminated, truncated, _ = env.step(int(self.demo.actions[step]))
+            if not np.isclose(reward, self.demo.rewards[step]):
+                raise _diverged(self.demo, step, reward)
+            if terminated or truncated:
+                raise ValueError(
+                    f"demo replay to starting point {k}: the episode ended (terminated={terminated}, "
+                    f"truncated={truncated}) at step {step}; raise the env's time limit "
+                    "(max_episode_steps) above the demo length or check the demo's env and seed."
+                )
+        return obs
+
+
+class _ALERestore:
+    """ALE emulator frames: nearest earlier state, then ``ale.act`` per demo action.
+
+    Earlier states: the demo's snapshots, the states this process cached every
+    ``snapshot_every`` frames while replaying, and the state one frame before the
+    last restored point (envs keep their starting point until the maximum moves).
+    A restored ALE state shows its screen only after the next frame, so replays
+    always start strictly below ``k``.
+    """
+
+    def __init__(self, demo: Demo, seed: int | None, snapshot_every: int) -> None:
+        if demo.meta.get("frameskip", 1) != 1:
+            raise ValueError(
+                f"restore='ale' replays one emulator frame per demo action, but the demo has "
+                f"frameskip={demo.meta['frameskip']}; use restore='replay' with the same frame skip."
+            )
+        self.demo, self.seed, self.snapshot_every = demo, seed, snapshot_every
+        self.steps = sorted(demo.snapshots)  # steps with a stored or cached state
+        self.cache: dict[int, object] = {}  # step -> ALEState
+        self.last: tuple[int, object] | None = None
+
+    def _nearest_below(self, k: int):
+        i = bisect.bisect_left(self.steps, k)
+        if self.last is not None and self.last[0] < k and (i == 0 or self.last[0] > self.steps[i - 1]):
+            return self.last
+        if i == 0:
+            return 0, None
+        step = self.steps[i - 1]
+        if step not in self.cache:
+            import ale_py
+
+            self.cache[step] = ale_py.ALEState(self.demo.snapshots[step])
+        return step, self.cache[step]
+
+    def _store(self, step: int, state) -> None:
+        if step not in self.cache:
+            self.cache[step] = state
+            bisect.insort(self.steps, step)
+
+    def __call__(self, env, k: int):
+        unwrapped = env.unwrapped
+        if not hasattr(unwrapped, "ale"):
+            raise TypeError(
+                f"restore='ale' needs an ALE env, got {type(unwrapped).__name__}; "
+                "use restore='replay' or a callable."
+            )
+        _check_not_sticky(env)
+        ale, action_set = unwrapped.ale, unwrapped._action_set
+        start, state = self._nearest_below(k)
+        if state is None:
+            env.reset(seed=self.seed)
+            self._store(0, ale.cloneState())
+        else:
+            ale.restoreState(state)
+        for step in range(start, k):
+            if step == k - 1:
+                self.last = (step, ale.cloneState())
+            reward = ale.act(action_set[self.demo.actions[step]])
+            if not np.isclose(reward, self.demo.rewards[step]):
+                raise _diverged(self.demo, step, reward)
+            if (step + 1) % self.snapshot_every == 0:
+                self._store(step + 1, ale.cloneState())
+        return unwrapped._get_obs()

@@ -1,0 +1,261 @@
+"""Backends that run a recurrence over ``[B, T]`` with per-row resets.
+
+Each backend (``_loop``, ``_packed``, ``_scan``) is one function
+``backend(rnn, x, reset, h0, reset_value) -> (y, h_last)`` on the flat tuple layout
+of :mod:`torchrl_seqchunk.recurrent.state`; :func:`_unroll` checks the entry shapes
+and dispatches.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .state import _Layout
+
+_BACKEND_NAMES = ("auto", "loop", "packed", "scan")
+
+
+
+# ----------------------------------------------------------------------------
+# Backends: backend(rnn, x, reset, h0, reset_value) -> (y, h_last)
+#   (loop and scan also take the _Layout, which cells cannot tell them)
+#   x [B, T, F]; reset bool [B, T]; h0 tuple of [B, *S];
+#   reset_value None (zeros) or tuple of [B, T, *S] (expanded views);
+#   y tuple of the output entries [B, T, *S] (layout.outputs of them, the first
+#   being [B, T, H_out]); h_last tuple of [B, *S].
+# ----------------------------------------------------------------------------
+
+
+def _layer_steps(rnn: nn.Module, layout: _Layout):
+    """One step function per layer: ``step(x_t, state_tuple) -> state_tuple``."""
+    if isinstance(rnn, (nn.GRU, nn.LSTM)):
+        steps = []
+        for layer in range(rnn.num_layers):
+            names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if rnn.bias else [])
+            weights = [getattr(rnn, f"{name}_l{layer}") for name in names]
+            if not rnn.bias:
+                weights += [None, None]
+            if isinstance(rnn, nn.GRU):
+                steps.append(lambda x, s, w=weights: (torch.gru_cell(x, s[0], *w),))
+            else:
+                proj = getattr(rnn, f"weight_hr_l{layer}", None)
+                steps.append(lambda x, s, w=weights, p=proj: _lstm_step(x, s, w, p))
+        return steps
+    output = f"the output of {type(rnn).__name__}"
+    return [lambda x, s: layout.flatten(rnn(x, layout.structure(s)), output)]
+
+
+def _lstm_step(x, state, weights, proj):
+    if proj is None:
+        return torch.lstm_cell(x, state, *weights)
+    # the native cell cannot project h (proj_size): same equations, written out
+    w_ih, w_hh, b_ih, b_hh = weights
+    gates = F.linear(x, w_ih, b_ih) + F.linear(state[0], w_hh, b_hh)
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
+    return F.linear(torch.sigmoid(o) * torch.tanh(c), proj), c
+
+
+def _reset(state, masks, values):
+    """Replace the rows of ``state`` selected by ``masks`` by ``values`` (zeros if None)."""
+    if values is None:
+        return tuple(s.masked_fill(m, 0.0) for s, m in zip(state, masks))
+    return tuple(torch.where(m, v, s) for s, m, v in zip(state, masks, values))
+
+
+def _loop(rnn, x, reset, h0, reset_value, *, layout):
+    """Loop over time with the native kernels.
+
+    An ``nn.GRU`` / ``nn.LSTM`` chunk whose resets fall on few time steps (at
+    most one reset-free segment per 4 steps) runs one native call per
+    segment; otherwise every step runs the native cell kernel.
+    """
+    if isinstance(rnn, (nn.GRU, nn.LSTM)):
+        bounds = _segment_bounds(reset)
+        if 4 * (len(bounds) - 1) <= reset.shape[1]:
+            return _loop_segments(rnn, x, reset, h0, reset_value, bounds)
+    return _loop_steps(rnn, x, reset, h0, reset_value, layout=layout)
+
+
+def _segment_bounds(reset) -> list:
+    """``[0, t_1, ..., T]``: the time steps where any row resets, which split the
+    chunk into segments free of resets (one host sync)."""
+    inner = reset[:, 1:].any(0).nonzero().squeeze(1) + 1
+    return [0, *inner.tolist(), reset.shape[1]]
+
+
+def _loop_segments(rnn, x, reset, h0, reset_value, bounds):
+    """One native ``nn.GRU`` / ``nn.LSTM`` call per reset-free time segment.
+
+    Rows that reset at a segment's first step take their reset value there;
+    inside a segment nothing resets, so the native module is exact.
+    """
+    batch = x.shape[0]
+    state, outputs = h0, []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        masks = [reset[:, start].view(batch, *([1] * (s.dim() - 1))) for s in state]
+        values = None if reset_value is None else [v[:, start] for v in reset_value]
+        state = _reset(state, masks, values)
+        native = tuple(s.transpose(0, 1).contiguous() for s in state)  # [layers, B, H]
+        segment = x[:, start:stop] if rnn.batch_first else x[:, start:stop].transpose(0, 1)
+        y, new = rnn(segment, native[0] if len(native) == 1 else native)
+        outputs.append(y if rnn.batch_first else y.transpose(0, 1))
+        state = tuple(s.transpose(0, 1) for s in ((new,) if isinstance(new, torch.Tensor) else new))
+    return (torch.cat(outputs, 1),), state
+
+
+def _loop_steps(rnn, x, reset, h0, reset_value, *, layout):
+    """Per-step recurrence, layer after layer, with the native cell kernels.
+
+    Resets of a stacked module hit all layers at the same step, so layer ``l``
+    can run over the whole chunk before layer ``l + 1`` (same result as stepping
+    the stack, fewer tensor copies).
+    """
+    stacked = isinstance(rnn, nn.RNNBase)
+    steps = _layer_steps(rnn, layout)
+    batch, time = reset.shape
+    inputs = x.unbind(1)
+    finals = []
+    for layer, step in enumerate(steps):
+        state = tuple(s[:, layer] if stacked else s for s in h0)
+        masks = [reset.view(batch, time, *([1] * (s.dim() - 1))).unbind(1) for s in state]
+        masks = list(zip(*masks))
+        values = None
+        if reset_value is not None:
+            values = list(zip(*[(v[:, :, layer] if stacked else v).unbind(1) for v in reset_value]))
+        outputs = []
+        for t, x_t in enumerate(inputs):
+            state = _reset(state, masks[t], None if values is None else values[t])
+            state = step(x_t, state)
+            outputs.append(state[: layout.outputs])
+        finals.append(state)
+        inputs = [out[0] for out in outputs]
+        if stacked and rnn.dropout > 0 and rnn.training and layer < len(steps) - 1:
+            inputs = F.dropout(torch.stack(inputs, 1), rnn.dropout, True).unbind(1)
+    h_last = tuple(torch.stack(parts, 1) for parts in zip(*finals)) if stacked else finals[0]
+    return tuple(torch.stack(entry, 1) for entry in zip(*outputs)), h_last
+
+
+def _packed(rnn, x, reset, h0, reset_value):
+    """Split rows into reset-free segments and run them as one packed native call.
+
+    Segment ``k`` starts at ``(b, t)`` where ``t = 0`` or ``reset[b, t]``; its
+    initial state is the reset value there, or ``h0[b]`` for an unreset ``t = 0``.
+    """
+    if not isinstance(rnn, (nn.GRU, nn.LSTM)):
+        raise TypeError(
+            f"backend='packed' needs an nn.GRU or nn.LSTM, got {type(rnn).__name__}; "
+            "use backend='loop' for cells."
+        )
+    batch, time = reset.shape
+    starts = reset.clone()
+    starts[:, 0] = True
+    starts = starts.reshape(-1)
+    segment = starts.cumsum(0) - 1  # [B*T] segment of each step, row-major
+    first = starts.nonzero().squeeze(1)  # [S] flat index of each segment's first step
+    lengths = torch.diff(first, append=first.new_tensor([batch * time]))
+    position = torch.arange(batch * time, device=x.device) - first[segment]
+    row, t0 = first // time, first % time
+
+    init = []
+    for i, h in enumerate(h0):
+        value = h[row]
+        if reset_value is not None:
+            m = reset[row, t0].view(-1, *([1] * (h.dim() - 1)))
+            value = torch.where(m, reset_value[i][row, t0], value)
+        else:
+            value = value.masked_fill(reset[row, t0].view(-1, *([1] * (h.dim() - 1))), 0.0)
+        init.append(value.transpose(0, 1).contiguous())  # [layers, S, H]
+
+    padded = x.new_zeros(len(first), int(lengths.max()), x.shape[-1])
+    padded = padded.index_put((segment, position), x.reshape(batch * time, -1))
+    packed = pack_padded_sequence(padded, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    out, h_n = rnn(packed, init[0] if len(init) == 1 else tuple(init))
+    y = pad_packed_sequence(out, batch_first=True)[0][segment, position]
+    last = segment.view(batch, time)[:, -1]
+    h_n = (h_n,) if isinstance(h_n, torch.Tensor) else h_n
+    return (y.view(batch, time, -1),), tuple(h[:, last].transpose(0, 1) for h in h_n)
+
+
+def _scan(rnn, x, reset, h0, reset_value, *, layout):
+    """Parallel inclusive prefix scan of ``h_t = a_t * h_{t-1} + b_t``, entry by entry.
+
+    ``rnn.linear_coefficients(x)`` returns ``(a, b)``, each shaped like a state
+    over ``[B, T]`` (a tensor, a tuple or a TensorDict, as the cell's state).
+    Hillis and Steele doubling (Blelloch, "Prefix sums and their applications",
+    1990): ``log2(T + 1)`` rounds of element-wise ops over the whole chunk. A reset
+    at ``t`` becomes ``a_t -> 0``, ``b_t -> b_t + a_t * reset_value_t``.
+    """
+    if not hasattr(rnn, "linear_coefficients"):
+        raise TypeError(
+            f"backend='scan' needs a linear recurrence with a `linear_coefficients(x) -> "
+            f"(a, b)` method (such as MinGRUCell), got {type(rnn).__name__}; use "
+            "backend='loop'."
+        )
+    name = f"{type(rnn).__name__}.linear_coefficients(x)"
+    a, b = (layout.flatten(c, name) for c in rnn.linear_coefficients(x))  # [B, T, *S]
+    values = [None] * len(h0) if reset_value is None else reset_value
+    states = [_scan_entry(*entry, reset) for entry in zip(a, b, h0, values)]
+    return tuple(states[: layout.outputs]), tuple(h[:, -1] for h in states)
+
+
+def _scan_entry(a, b, h0, reset_value, reset):
+    """One entry of :func:`_scan`: ``a, b [B, T, *S]``, ``h0 [B, *S]`` -> ``h [B, T, *S]``."""
+    mask = reset.view(*reset.shape, *([1] * (h0.dim() - 1)))
+    if reset_value is not None:
+        b = torch.where(mask, torch.addcmul(b, a, reset_value), b)
+    a = a.masked_fill(mask, 0.0)
+    # h0 becomes step -1 with a = 0, so the scan needs no special first step; a row
+    # reset at t = 0 never reads h0 (0 * nan would still be nan).
+    a = torch.cat([torch.zeros_like(h0).unsqueeze(1), a], 1)
+    b = torch.cat([h0.masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
+    span = 1
+    while span < b.shape[1]:
+        b = torch.cat([b[:, :span], torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])], 1)
+        a = torch.cat([a[:, :span], a[:, span:] * a[:, :-span]], 1)
+        span *= 2
+    return b[:, 1:]
+
+
+def _pick_backend(rnn: nn.Module, device: torch.device) -> str:
+    if hasattr(rnn, "linear_coefficients"):
+        return "scan"
+    if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
+        return "packed"
+    return "loop"
+
+
+
+def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
+    """:func:`rnn_with_resets` on flat states: checks entry shapes, runs the backend.
+
+    ``h0`` a tuple of ``[B, *S]``, ``reset_state`` ``None`` or a tuple of tensors
+    broadcastable to ``[B, T, *S]``; returns ``(y entries, h_last tuple)``.
+    """
+    batch, time = reset.shape
+    for h, shape in zip(h0, layout.shapes):
+        if h.shape != (batch, *shape):
+            raise ValueError(
+                f"h0 entries must have shape {[batch, *shape]}, got {list(h.shape)}; "
+                "states are batch first (see the module docstring)."
+            )
+    if reset_state is not None:
+        try:
+            reset_state = tuple(
+                v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes)
+            )
+        except RuntimeError as err:
+            raise ValueError(
+                f"reset_state entries must broadcast to [B, T, *S] = "
+                f"{[[batch, time, *shape] for shape in layout.shapes]}, got "
+                f"{[list(v.shape) for v in reset_state]}."
+            ) from err
+    if backend == "auto":
+        backend = _pick_backend(rnn, x.device)
+    if backend == "loop":
+        return _loop(rnn, x, reset, h0, reset_state, layout=layout)
+    if backend == "packed":
+        return _packed(rnn, x, reset, h0, reset_state)
+    return _scan(rnn, x, reset, h0, reset_state, layout=layout)

@@ -1,0 +1,307 @@
+""":class:`ResetRNN`: recurrent state with vectorized resets as a TensorDict module.
+
+It wraps :func:`~torchrl_seqchunk.rnn_with_resets`, keeps the state between chunks
+(truncated BPTT) and acts step by step in a collector.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase, unravel_key
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from .backends import _BACKEND_NAMES, _unroll
+from .state import _reset_mask, _state_layout
+
+__all__ = ["ResetRNN"]
+
+
+
+class ResetRNN(TensorDictModuleBase):
+    """A recurrent TensorDict module that resets per row and carries state across chunks.
+
+    The mode follows the input TensorDict:
+
+    * **Sequence mode** (``batch_dims >= 2``, time the last batch dim, e.g. a
+      ``[B, T]`` stream chunk or a ``[N, W]`` window batch; leading dims are
+      flattened into rows): the state is reset where ``is_first[b, t]`` to
+      zeros / the learned initial state, or, with ``reset_state_key``, to the
+      stored per-step memory ``td[reset_state_key][b, t]`` (``[B, T, *S]``
+      per state entry, under the same entry names as the state keys).
+      With ``carry=True`` the final state of every row is kept, detached
+      (truncated BPTT), and used at ``t = 0`` of the next call where
+      ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
+      (for a TensorDict state, every entry under ``(*out_key, name)``).
+    * **Step mode** (``batch_dims <= 1``, acting in a collector): reads the
+      previous state from the state keys (initial state where absent), resets
+      rows where ``is_first``, writes the state it used into the root state keys
+      (so a replay buffer stores the memory the agent had at each step), the new
+      state into ``("next", *state_key)`` and the output into ``out_key``.
+
+    State layout (see :attr:`state_keys`, :attr:`state_shapes`): a tensor state
+    (``nn.GRU`` ``[num_layers, H]``, ``nn.GRUCell`` / :class:`MinGRUCell` ``[H]``)
+    lives under ``state_key``; a tuple or TensorDict state lives under
+    ``(*state_key, name)``, one entry each, with names ``"h"``, ``"c"`` for LSTMs,
+    ``"0"``, ``"1"``, ... for custom cells with a tuple state, and the keys of
+    ``state_shape`` for a TensorDict state (so an RSSM's state is the
+    sub-TensorDict ``td[state_key]`` with ``"deter"`` and ``"stoch"``). Stored
+    states are float tensors ``[*batch, *S]`` of the rnn's dtype.
+
+    Args:
+        rnn (nn.Module): ``nn.GRU`` / ``nn.LSTM`` (any ``num_layers``,
+            ``batch_first`` either way), ``nn.GRUCell``, ``nn.LSTMCell``,
+            :class:`MinGRUCell`, or any cell ``cell(x_t, h) -> h`` with ``h`` a
+            tensor, a tuple of tensors or a TensorDict of tensors with batch
+            ``[N]`` (then give ``state_shape``; see :func:`rnn_with_resets`).
+
+    Keyword Args:
+        in_key (NestedKey): input features ``[*batch, F]``. Default ``"embed"``.
+        out_key (NestedKey): output features ``[*batch, H_out]``, or the new
+            state's entries under ``(*out_key, name)`` for a TensorDict state.
+            Default ``"features"``.
+        is_first_key (NestedKey): reset flags ``[*batch]`` or ``[*batch, 1]``, any
+            dtype, non-zero resets (``"is_init"`` for TorchRL's ``InitTracker``).
+            Default ``"is_first"``.
+        state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
+        reset_state_key (NestedKey, optional): sequence mode only: stored memory
+            taken at reset steps instead of the initial state (reset-and-continue
+            training on windows). Default ``None``.
+        initial_state (str): ``"zeros"`` or ``"learned"`` (a parameter per state
+            entry, initialised to zeros). Default ``"zeros"``.
+        backend (str): see :func:`rnn_with_resets`. Default ``"auto"``.
+        carry (bool): keep each row's final state between sequence-mode calls
+            (part of ``state_dict``). Default ``True``.
+        state_shape (shape, tuple of shapes or dict of shapes, optional): one
+            row's state for a custom cell without a ``hidden_size`` attribute,
+            e.g. ``(H,)``, ``((H,), (Z,))`` for a tuple state, or
+            ``{"deter": (D,), "stoch": (S,)}`` (keys: entry names, any
+            NestedKey) for a TensorDict state.
+
+    Raises:
+        TypeError / ValueError: unsupported ``rnn`` or bad option values (at
+            construction); bad shapes, or a carried state whose batch differs from
+            the input while some ``is_first[:, 0]`` is False (at call time).
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from tensordict import TensorDict
+        >>> module = ResetRNN(nn.GRU(3, 8, batch_first=True))
+        >>> is_first = torch.zeros(4, 10, 1, dtype=torch.bool)
+        >>> chunk = TensorDict({"embed": torch.randn(4, 10, 3), "is_first": is_first}, [4, 10])
+        >>> module(chunk)["features"].shape
+        torch.Size([4, 10, 8])
+        >>> module.state_keys, module.state_shapes
+        (['recurrent_state'], [torch.Size([1, 8])])
+        >>> is_first = torch.ones(2, 1, dtype=torch.bool)
+        >>> step = module(TensorDict({"embed": torch.randn(2, 3), "is_first": is_first}, [2]))
+        >>> step["recurrent_state"].abs().sum().item(), step["next", "recurrent_state"].shape
+        (0.0, torch.Size([2, 1, 8]))
+
+        A cell whose state is a TensorDict (here a toy RSSM: deterministic and latent parts):
+
+        >>> class RSSM(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.gru, self.latent = nn.GRUCell(3 + 2, 8), nn.Linear(8, 2)
+        ...     def forward(self, x_t, h):
+        ...         deter = self.gru(torch.cat([x_t, h["stoch"]], -1), h["deter"])
+        ...         stoch = torch.tanh(self.latent(deter))
+        ...         return TensorDict(deter=deter, stoch=stoch, batch_size=h.batch_size)
+        >>> rssm = ResetRNN(RSSM(), state_shape={"deter": (8,), "stoch": (2,)})
+        >>> rssm.state_keys
+        [('recurrent_state', 'deter'), ('recurrent_state', 'stoch')]
+        >>> out = rssm(chunk.exclude("features"))
+        >>> out["features", "stoch"].shape, out["features", "deter"].shape
+        (torch.Size([4, 10, 2]), torch.Size([4, 10, 8]))
+    """
+
+    def __init__(
+        self,
+        rnn: nn.Module,
+        *,
+        in_key="embed",
+        out_key="features",
+        is_first_key="is_first",
+        state_key="recurrent_state",
+        reset_state_key=None,
+        initial_state: str = "zeros",
+        backend: str = "auto",
+        carry: bool = True,
+        state_shape=None,
+    ):
+        super().__init__()
+        if not isinstance(rnn, nn.Module):
+            raise TypeError(f"rnn must be an nn.Module, got {type(rnn).__name__}.")
+        layout = _state_layout(rnn, state_shape)
+        if layout is None:
+            raise ValueError(
+                f"state_shape is required for a {type(rnn).__name__} without a `hidden_size` "
+                "attribute; pass e.g. state_shape=(H,), ((H,), (Z,)) for a tuple state or "
+                "{'deter': (D,), 'stoch': (S,)} for a TensorDict state."
+            )
+        if initial_state not in ("zeros", "learned"):
+            raise ValueError(f"initial_state must be 'zeros' or 'learned', got {initial_state!r}.")
+        if backend not in _BACKEND_NAMES:
+            raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}.")
+        self.rnn = rnn
+        self._layout = layout
+        self.state_shapes, names = layout.shapes, layout.names
+        self.backend = backend
+        self.carry = bool(carry)
+        self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
+        self.is_first_key = unravel_key(is_first_key)
+        self.state_keys = self._entry_keys(state_key, names)
+        self.reset_state_keys = (
+            None if reset_state_key is None else self._entry_keys(reset_state_key, names)
+        )
+        self.in_keys = [self.in_key, self.is_first_key, *self.state_keys] + [
+            k for k in self.reset_state_keys or [] if k not in self.state_keys
+        ]
+        next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        output_names = names if layout.kind == "tensordict" else None
+        self.out_keys = [*self._entry_keys(out_key, output_names), *self.state_keys, *next_keys]
+        param = next(rnn.parameters(), torch.empty(0))
+        self.initial = None
+        if initial_state == "learned":
+            self.initial = nn.ParameterList(
+                nn.Parameter(param.new_zeros(s)) for s in self.state_shapes
+            )
+        self._carry = None
+
+    @staticmethod
+    def _entry_keys(key, names):
+        key = unravel_key(key)
+        if names is None:
+            return [key]
+        return [unravel_key((key, name)) for name in names]
+
+    # -- state helpers -------------------------------------------------------
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The rnn's current parameter dtype (it follows ``module.double()`` and such)."""
+        return next(self.rnn.parameters(), torch.empty(0)).dtype
+
+    def _get(self, tensordict: TensorDictBase, key, option: str) -> torch.Tensor:
+        value = tensordict.get(key, None)
+        if value is None:
+            raise ValueError(
+                f"key {key!r} not found in the input TensorDict (its keys: "
+                f"{sorted(map(str, tensordict.keys(True, True)))}); pass {option}= naming the "
+                "entry the data holds."
+            )
+        return value
+
+    def _initial_state(self, batch: int, device) -> tuple:
+        if self.initial is None:
+            return tuple(
+                torch.zeros(batch, *s, dtype=self._dtype, device=device) for s in self.state_shapes
+            )
+        return tuple(p.expand(batch, *p.shape) for p in self.initial)
+
+    def reset_carry(self, mask=None) -> None:
+        """Forget the carried state: of every row (``mask=None``) or of rows where ``mask``.
+
+        Args:
+            mask (Tensor, optional): ``[B]`` (or ``[B, 1]``), any dtype, non-zero
+                resets that row's carried state to the initial state.
+        """
+        if mask is None or self._carry is None:
+            self._carry = None
+            return
+        batch = self._carry[0].shape[0]
+        mask = _reset_mask(mask, (batch,), "mask").to(self._carry[0].device)
+        initial = self._initial_state(batch, self._carry[0].device)
+        self._carry = tuple(
+            torch.where(mask.view(-1, *([1] * len(s))), i.detach(), c)
+            for c, i, s in zip(self._carry, initial, self.state_shapes)
+        )
+
+    def get_extra_state(self):
+        return {"carry": None if self._carry is None else list(self._carry)}
+
+    def set_extra_state(self, state) -> None:
+        carry = state["carry"]
+        self._carry = None if carry is None else tuple(carry)
+
+    def make_tensordict_primer(self):
+        """A TorchRL ``TensorDictPrimer`` declaring the state entries in the env specs.
+
+        Append it to a ``TransformedEnv`` (single env, ``SerialEnv`` or
+        ``ParallelEnv``; shapes are expanded to the env batch) together with an
+        ``InitTracker(init_key=is_first_key)``, so that the state written to
+        ``("next", *state_key)`` moves to the root at every step and is zeroed
+        at resets.
+        """
+        from torchrl.data import Unbounded
+        from torchrl.envs import TensorDictPrimer
+
+        return TensorDictPrimer(
+            {
+                k: Unbounded(shape=s, dtype=self._dtype)
+                for k, s in zip(self.state_keys, self.state_shapes)
+            },
+            expand_specs=True,
+        )
+
+    # -- forward -------------------------------------------------------------
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.batch_dims >= 2:
+            return self._sequence(tensordict)
+        return self._step(tensordict)
+
+    def _sequence(self, tensordict: TensorDictBase) -> TensorDictBase:
+        shape = tensordict.shape
+        rows = tensordict.reshape(-1, shape[-1])
+        x = self._get(rows, self.in_key, "in_key")
+        batch = x.shape[0]
+        is_first = self._get(rows, self.is_first_key, "is_first_key")
+        reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
+        h0 = self._initial_state(batch, x.device)
+        if self.carry and self._carry is not None:
+            if self._carry[0].shape[0] == batch:
+                h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
+            elif not bool(reset[:, 0].all()):
+                raise ValueError(
+                    f"the carried state holds {self._carry[0].shape[0]} rows but the input has "
+                    f"{batch} and not every row starts with is_first; call reset_carry() when "
+                    "the number of streams changes."
+                )
+        if self.reset_state_keys is not None:
+            keys = self.reset_state_keys
+            reset_state = tuple(self._get(rows, k, "reset_state_key") for k in keys)
+        else:
+            reset_state = None if self.initial is None else tuple(self.initial)
+        y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
+        if self.carry:
+            self._carry = tuple(h.detach() for h in h_last)
+        y = self._layout.output(y)
+        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
+        return tensordict
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        shape = tensordict.shape
+        rows = tensordict.reshape(-1)
+        x = self._get(rows, self.in_key, "in_key")
+        batch = x.shape[0]
+        initial = self._initial_state(batch, x.device)
+        keys = rows.keys(include_nested=True)
+        if all(k in keys for k in self.state_keys):
+            state = tuple(rows.get(k) for k in self.state_keys)
+        else:
+            state = initial
+        is_first = rows.get(self.is_first_key, None)
+        if is_first is not None:
+            reset = _reset_mask(is_first, (batch,), "is_first")
+            state = tuple(
+                torch.where(reset.view(-1, *([1] * len(s))), i, h)
+                for h, i, s in zip(state, initial, self.state_shapes)
+            )
+        no_reset = torch.zeros(batch, 1, dtype=torch.bool, device=x.device)
+        y, new = _unroll(self.rnn, x.unsqueeze(1), no_reset, state, None, self._layout, "loop")
+        for key, used, nxt in zip(self.state_keys, state, new):
+            tensordict.set(key, used.reshape(*shape, *used.shape[1:]))
+            tensordict.set(unravel_key(("next", key)), nxt.reshape(*shape, *nxt.shape[1:]))
+        y = self._layout.output(y)[:, 0]
+        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[1:]))
+        return tensordict
