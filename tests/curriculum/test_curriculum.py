@@ -458,14 +458,6 @@ def test_example_moves_the_maximum_back(tmp_path):
     assert int(rows[-1]["max_starting_point"]) <= 52_536
 
 
-@pytest.mark.parametrize("name", ["manager", "transform"])
-def test_docstring_examples_run(name):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"torchrl_seqchunk.curriculum.{name}"))
-    assert result.attempted > 0 and result.failed == 0
-
 
 def test_errors_name_the_value_and_the_fix():
     demo = toy_demo()

@@ -146,11 +146,3 @@ def test_record_demo_snapshots_restore_on_ale():
     assert np.array_equal(env.unwrapped.ale.getRAM(), replay.unwrapped.ale.getRAM())
     assert np.array_equal(env.step(3)[0], replay.step(3)[0])
 
-
-def test_docstring_examples_run():
-    import doctest
-
-    import torchrl_seqchunk.curriculum.demo as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0

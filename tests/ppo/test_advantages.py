@@ -237,11 +237,3 @@ def test_bad_input():
     with pytest.raises(TypeError, match="tensordict must be a TensorDict"):
         boundary_gae({"state_value": torch.ones(2, 1)}, gamma=0.9, lmbda=0.9)
 
-
-def test_docstring_examples_run():
-    import doctest
-
-    import torchrl_seqchunk.ppo.advantages as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0

@@ -356,11 +356,3 @@ def test_logged_diagnostics_are_scalars(mode):
     explained = 1 - (target - value).var(0, correction=0) / target.var(0, correction=0)
     torch.testing.assert_close(out["explained_variance"], explained.mean(), atol=1e-5, rtol=1e-5)
 
-
-def test_docstring_examples_run():
-    import doctest
-
-    import torchrl_seqchunk.ppo.loss as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0

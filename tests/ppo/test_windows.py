@@ -135,14 +135,6 @@ def test_bad_input():
         make_windows({"step": torch.zeros(1, 3)}, 2)
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    import torchrl_seqchunk.ppo.windows as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0
-
 
 def test_collector_rollout_flags_and_stored_memory():
     from tensordict.nn import TensorDictModule, TensorDictSequential

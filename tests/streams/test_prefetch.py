@@ -1,4 +1,3 @@
-import doctest
 import gc
 import threading
 import time
@@ -10,7 +9,6 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
-from torchrl_seqchunk.streams import prefetch
 
 
 def counter(delay=0.0):
@@ -176,7 +174,3 @@ def test_a_generator_function_is_refused():
         ChunkPrefetcher(chunks)
     assert [c["k"].item() for c in ChunkPrefetcher(chunks())] == [0]
 
-
-def test_docstring_example_runs():
-    result = doctest.testmod(prefetch)
-    assert result.attempted > 0 and result.failed == 0
