@@ -35,7 +35,8 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
+from torchrl.envs import (Compose, InitTracker, ParallelEnv, RewardScaling, RewardSum, SerialEnv,
+                          TransformedEnv, VecNormV2)
 from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.modules.distributions import NormalParamExtractor
 from torchrl.objectives import ClipPPOLoss
@@ -56,7 +57,7 @@ from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
 class Config:
     env: str = "CartPole-v1"
     keep: str = "auto"  # observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)
-    total_frames: int = 500_000
+    total_frames: int = 100_000  # also the length of the lr and clip schedules
     seed: int = 0
     device: str = "cpu"
     threads: int = 1  # torch intra-op threads; small models run fastest on one
@@ -66,14 +67,20 @@ class Config:
     runs_dir: str = "runs"
     # collection
     rollout_len: int = 32  # T: steps per env per iteration -> frames_per_batch = num_envs * T
+    obs_norm: bool = True  # running mean/std of the observation (TorchRL's VecNormV2)
+    reward_scale: float = 1.0  # rewards are multiplied by this (TorchRL's RewardScaling)
     # model
     hidden: int = 64
+    cell: str = "gru"  # "gru" | "lstm"
+    encoder: bool = True  # Linear+Tanh before the recurrent layer
+    activation: str = "tanh"  # of the heads: "tanh" | "relu"
     # PPO
-    gamma: float = 0.99
-    lmbda: float = 0.95
+    gamma: float = 0.98
+    lmbda: float = 0.8
     lr: float = 1e-3
     anneal_lr: bool = True  # linear decay to 0 over total_frames
-    epochs: int = 4  # 10 learns no faster and degrades more after the goal (docs/benchmarks.md)
+    anneal_clip: bool = True  # clip_epsilon too
+    epochs: int = 20
     minibatches: int = 1
     clip_epsilon: float = 0.2
     entropy_coeff: float = 0.0
@@ -82,17 +89,19 @@ class Config:
     # batching
     batching: str = "windows"  # "windows" | "streams"
     boundary_mode: str = "reset_continue"  # windows: "reset_continue" | "mask" | "inverse_count"
-    window: int = 8  # W
-    stride: int = 1
+    window: int = 32  # W (= rollout_len: every step is unrolled once per epoch)
+    stride: int = 32
     num_streams: int = 8  # streams: B
     chunk_len: int = 32  # streams: L
     # reporting
     return_window: int = 20  # episodes averaged in the reported mean return
     target_return: float = 450.0  # frames-to-target is printed and logged
     stop_at_target: bool = False  # end the run once the mean return reaches target_return
+    progress: bool = True  # show a progress bar
 
 
-CHOICES = {"batching": ("windows", "streams"), "boundary_mode": ("reset_continue", "mask", "inverse_count")}
+CHOICES = {"batching": ("windows", "streams"), "boundary_mode": ("reset_continue", "mask", "inverse_count"),
+           "cell": ("gru", "lstm"), "activation": ("tanh", "relu")}
 LOGGED = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx")
 
 
@@ -120,7 +129,12 @@ def make_env(cfg: Config) -> TransformedEnv:
     factory = functools.partial(make_masked_env, cfg.env, keep)  # picklable for workers
     batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
     # is_first: True on the first step of every episode, what ResetRNN resets on.
-    return TransformedEnv(batched, Compose(InitTracker(init_key="is_first"), RewardSum()))
+    transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
+    if cfg.obs_norm:
+        transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))
+    if cfg.reward_scale != 1.0:
+        transforms.append(RewardScaling(loc=0.0, scale=cfg.reward_scale))
+    return TransformedEnv(batched, Compose(*transforms))
 
 
 def make_agent(cfg: Config, env: TransformedEnv):
@@ -130,9 +144,12 @@ def make_agent(cfg: Config, env: TransformedEnv):
     discrete = action_spec.domain == "discrete"
     streams = cfg.batching == "streams"
 
+    activation = {"tanh": nn.Tanh, "relu": nn.ReLU}[cfg.activation]
+
     def trunk(prefix: str) -> tuple[TensorDictSequential, ResetRNN]:
+        in_size = cfg.hidden if cfg.encoder else obs_dim
         rnn = ResetRNN(
-            nn.GRU(cfg.hidden, cfg.hidden, batch_first=True),
+            {"gru": nn.GRU, "lstm": nn.LSTM}[cfg.cell](in_size, cfg.hidden, batch_first=True),
             in_key=f"{prefix}_embed",
             out_key=f"{prefix}_features",
             state_key=f"{prefix}_state",
@@ -141,7 +158,7 @@ def make_agent(cfg: Config, env: TransformedEnv):
             carry=streams,  # streams: chunk k+1 continues from chunk k's final state
         )
         encoder = TensorDictModule(
-            nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()),
+            nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()) if cfg.encoder else nn.Identity(),
             in_keys=["observation"], out_keys=[f"{prefix}_embed"],
         )
         return TensorDictSequential(encoder, rnn), rnn
@@ -150,12 +167,13 @@ def make_agent(cfg: Config, env: TransformedEnv):
     critic_trunk, critic_rnn = trunk("critic")
     if discrete:
         head = TensorDictModule(MLP(in_features=cfg.hidden, out_features=action_spec.shape[-1],
-                                    num_cells=[cfg.hidden]), in_keys=["actor_features"], out_keys=["logits"])
+                                    num_cells=[cfg.hidden], activation_class=activation),
+                               in_keys=["actor_features"], out_keys=["logits"])
         dist_keys, dist_class, dist_kwargs = ["logits"], OneHotCategorical, {}
     else:
         head = TensorDictModule(
             nn.Sequential(MLP(in_features=cfg.hidden, out_features=2 * action_spec.shape[-1],
-                              num_cells=[cfg.hidden]), NormalParamExtractor()),
+                              num_cells=[cfg.hidden], activation_class=activation), NormalParamExtractor()),
             in_keys=["actor_features"], out_keys=["loc", "scale"])
         dist_keys, dist_class = ["loc", "scale"], TanhNormal
         dist_kwargs = {"low": action_spec.space.low, "high": action_spec.space.high}
@@ -165,7 +183,8 @@ def make_agent(cfg: Config, env: TransformedEnv):
     )
     critic = TensorDictSequential(
         critic_trunk,
-        ValueOperator(MLP(in_features=cfg.hidden, out_features=1, num_cells=[cfg.hidden]),
+        ValueOperator(MLP(in_features=cfg.hidden, out_features=1, num_cells=[cfg.hidden],
+                          activation_class=activation),
                       in_keys=["critic_features"]),
     )
     return actor, critic, (actor_rnn, critic_rnn)
@@ -248,7 +267,7 @@ def main(cfg: Config) -> list[dict]:
 
     returns: deque[float] = deque(maxlen=cfg.return_window)
     rows, frames, episodes, frames_to_target, start = [], 0, 0, None, time.perf_counter()
-    with tqdm(total=planned_frames, unit="frames") as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
+    with tqdm(total=planned_frames, unit="frames", disable=not cfg.progress) as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
         writer = None
         for rollout in collector:  # [num_envs, T]
             # TorchRL's batched env raises the thread count when it closes, before the last batch
@@ -277,9 +296,12 @@ def main(cfg: Config) -> list[dict]:
                 with ChunkPrefetcher(epochs, device=cfg.device) as chunks:
                     losses = update(chunks)
             collector.update_policy_weights_()
+            remaining = max(0.0, 1 - frames / planned_frames)  # linear schedules, 1 -> 0
             if cfg.anneal_lr:
                 for group in optim.param_groups:
-                    group["lr"] = cfg.lr * max(0.0, 1 - frames / planned_frames)
+                    group["lr"] = cfg.lr * remaining
+            if cfg.anneal_clip:
+                loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
 
             return_mean = sum(returns) / len(returns) if returns else float("nan")
             if frames_to_target is None and len(returns) == returns.maxlen and return_mean >= cfg.target_return:

@@ -1,0 +1,179 @@
+"""Recurrent PPO side by side with sb3-contrib's RecurrentPPO on CartPole without velocities.
+
+Both learn CartPole-v1 with only cart position and pole angle observed (the default
+TimeLimit of 500; the same gymnasium env factory, ``MaskObservation(gym.make(...), (0, 2))``,
+for both), one torch thread each, seed after seed, ours then theirs, so that machine load
+hits both alike. The common metric: env frames (summed over envs) until the mean
+undiscounted return of the last 20 finished training episodes first reaches 450, and the
+wall seconds until then (a run that never gets there counts as the frame cap and its whole
+wall time).
+
+- ours: ``examples/recurrent_ppo.py`` with its defaults (``--frames`` frames);
+- sb3-contrib 2.9.2 ``RecurrentPPO`` with the rl-zoo ``ppo_lstm`` hyperparameters for
+  CartPoleNoVel-v1, unchanged: VecNormalize (gamma 0.98), 8 envs x 32 steps, batch 256,
+  20 epochs, gamma 0.98, GAE lambda 0.8, no entropy bonus, learning rate and clip range
+  linear from 1e-3 and 0.2 to 0 over the run (1e5 timesteps in the zoo, the default
+  ``--frames``), ``MlpLstmPolicy`` with an LSTM of 64 for the actor and one for the critic,
+  ReLU heads of 64, no orthogonal init.
+
+Prints a per-seed table, ``RATIO frames_to_450_vs_sb3 <median ours / median sb3>``,
+``RATIO wall_to_450_vs_sb3`` and each side's final mean return; writes
+``learning.csv`` (one row per rollout of each run) and ``learning_curves.png`` (mean and
+range over seeds) under ``--out``. Needs the ``bench`` extra (``pip install -e ".[bench]"``).
+
+    python benchmarks/bench_learning.py                    # seeds 0, 1, 2
+    python benchmarks/bench_learning.py --seeds 3,4
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from tqdm import tqdm
+
+from torchrl_seqchunk import MaskObservation
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET, WINDOW, KEEP = 450.0, 20, (0, 2)
+
+
+def masked_cartpole() -> gym.Env:
+    """The env both sides learn: CartPole-v1 observing cart position and pole angle."""
+    return MaskObservation(gym.make("CartPole-v1"), KEEP)
+
+
+def load_main_job():
+    spec = importlib.util.spec_from_file_location("recurrent_ppo", ROOT / "examples" / "recurrent_ppo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_ours(seed: int, frames: int) -> list[dict]:
+    job = load_main_job()
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False)
+        rows = job.main(cfg)  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
+    return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
+
+
+def run_sb3(seed: int, frames: int) -> list[dict]:
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    def linear(start: float):
+        return lambda progress_remaining: progress_remaining * start
+
+    class Log(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.returns, self.rows, self.start = deque(maxlen=WINDOW), [], time.perf_counter()
+
+        def _on_step(self) -> bool:
+            self.returns.extend(i["episode"]["r"] for i in self.locals["infos"] if "episode" in i)
+            return True
+
+        def _on_rollout_end(self) -> None:
+            mean = sum(self.returns) / len(self.returns) if self.returns else float("nan")
+            self.rows.append({"frames": self.num_timesteps, "return_mean": mean,
+                              "wall_s": round(time.perf_counter() - self.start, 2)})
+
+    venv = VecNormalize(make_vec_env(masked_cartpole, n_envs=8, seed=seed), gamma=0.98)
+    model = RecurrentPPO(
+        "MlpLstmPolicy", venv, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+        n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed,
+        policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
+                           enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])),
+    )
+    log = Log()
+    model.learn(frames, callback=log)  # the linear schedules run over `frames` (the zoo's 1e5)
+    return log.rows
+
+
+def summary(rows: list[dict], cap: int) -> dict:
+    """Frames and wall seconds to the target (the cap and the whole run if never), final return."""
+    reached = [r for r in rows if r["return_mean"] >= TARGET]
+    first = reached[0] if reached else None
+    return {"frames_to_450": first["frames"] if first else cap,
+            "wall_to_450": first["wall_s"] if first else rows[-1]["wall_s"],
+            "reached": first is not None, "final_return": rows[-1]["return_mean"]}
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for side, runs in curves.items():
+        length = min(len(r) for r in runs)
+        frames = [r["frames"] for r in runs[0][:length]]
+        values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
+        values = [[v for v in vs if v == v] or [float("nan")] for vs in values]  # drop NaN
+        line, = ax.plot(frames, [statistics.mean(v) for v in values], label=f"{side} (mean of {len(runs)} seeds)")
+        ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.2,
+                        color=line.get_color())
+    ax.axhline(TARGET, color="gray", ls="--", lw=1, label=f"target {TARGET:g}")
+    ax.set(xlabel="env frames", ylabel=f"mean return, last {WINDOW} episodes",
+           title="CartPole-v1 without velocities")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--frames", type=int, default=100_000,
+                        help="frames per run, also the cap counted for a miss (default 100000)")
+    parser.add_argument("--out", default="runs/bench_learning", help="output folder (default runs/bench_learning)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runners = {"ours": run_ours, "sb3": run_sb3}
+    curves, results = {side: [] for side in runners}, {side: [] for side in runners}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "learning.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["side", "seed", "frames", "wall_s", "return_mean"])
+        writer.writeheader()
+        for seed in tqdm(seeds, desc="seeds"):
+            for side, run in runners.items():
+                rows = run(seed, args.frames)
+                writer.writerows({"side": side, "seed": seed, **r} for r in rows)
+                curves[side].append(rows)
+                results[side].append(summary(rows, args.frames))
+    print(f"{'seed':>4} {'side':>5} {'frames_to_450':>14} {'wall_to_450_s':>14} {'final_return':>13}")
+    for i, seed in enumerate(seeds):
+        for side in runners:
+            r = results[side][i]
+            mark = "" if r["reached"] else " (never)"
+            print(f"{seed:>4} {side:>5} {r['frames_to_450']:>14}{mark} {r['wall_to_450']:>14.1f} {r['final_return']:>13.1f}")
+    median = {side: {k: statistics.median(r[k] for r in results[side]) for k in ("frames_to_450", "wall_to_450")}
+              for side in runners}
+    print(f"RATIO frames_to_450_vs_sb3 {median['ours']['frames_to_450'] / median['sb3']['frames_to_450']:.3f}")
+    print(f"RATIO wall_to_450_vs_sb3 {median['ours']['wall_to_450'] / median['sb3']['wall_to_450']:.3f}")
+    for side in runners:
+        finals = [round(r["final_return"], 1) for r in results[side]]
+        print(f"final_return {side} {finals} reached {sum(r['reached'] for r in results[side])}/{len(seeds)}")
+    plot(curves, out / "learning_curves.png")
+    print(f"wrote {out / 'learning.csv'} and {out / 'learning_curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
