@@ -6,7 +6,7 @@ import pytest
 
 import torchrl_seqchunk
 
-MODULES = sorted({f"torchrl_seqchunk.{m}" for m in torchrl_seqchunk._EXPORTS.values()} - {"torchrl_seqchunk.envs"})
+MODULES = sorted({f"torchrl_seqchunk.{m}" for m in torchrl_seqchunk._EXPORTS.values()})
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,13 +1,23 @@
 import functools
+import importlib.util
+import pickle
 
 import gymnasium as gym
+from gymnasium import spaces
 import numpy as np
 import pytest
 import torch
 from torchrl.envs import SerialEnv
 
-from torchrl_seqchunk import MaskObservation
+from torchrl_seqchunk import EncodeObservation, MaskObservation
 from torchrl_seqchunk.envs import make_masked_env
+
+
+class _Declares(gym.Env):
+    """An env that only declares an observation space, all that EncodeObservation reads."""
+
+    def __init__(self, observation_space):
+        self.observation_space, self.action_space = observation_space, spaces.Discrete(2)
 
 
 def test_mask_keeps_positions_and_leaves_dynamics_alone():
@@ -66,4 +76,143 @@ def test_factory_in_serial_env_matches_gymnasium():
     rollout = env.rollout(20, break_when_any_done=False)
     assert rollout["next", "reward"].eq(1).all()
     assert rollout["observation"].shape == (2, 20, 2)
+    env.close()
+
+
+# Each case: a space, observations, and their encodings written out by hand.
+ENCODINGS = {
+    "discrete_start": (spaces.Discrete(3, start=-1), [-1, 1], [[1, 0, 0], [0, 0, 1]]),
+    # nvec [[2, 3], [4, 2]] is read in C order: blocks of 2, 3, 4, 2 at offsets 0, 2, 5, 9.
+    "multidiscrete_2d": (spaces.MultiDiscrete([[2, 3], [4, 2]]), [np.array([[1, 2], [0, 1]])],
+                         [[0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1]]),
+    "multidiscrete_start": (spaces.MultiDiscrete([3, 2], start=[-1, 5]), [np.array([0, 6])],
+                            [[0, 1, 0, 0, 1]]),
+    "box_uint8_2d": (spaces.Box(0, 255, (2, 2), np.uint8), [np.array([[0, 255], [7, 1]], np.uint8)],
+                     [[0, 255, 7, 1]]),
+    "box_bool": (spaces.Box(0, 1, (3,), bool), [np.array([True, False, True])], [[1, 0, 1]]),
+    "box_int": (spaces.Box(-5, 5, (2,), np.int64), [np.array([-5, 3])], [[-5, 3]]),
+    "box_float64": (spaces.Box(-1, 1, (2,), np.float64), [np.array([0.25, -0.5])], [[0.25, -0.5]]),
+    "multibinary": (spaces.MultiBinary(3), [np.array([1, 0, 1], np.int8)], [[1, 0, 1]]),
+    "tuple": (spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (1,), np.int32))),
+              [(1, np.array([4], np.int32))], [[0, 1, 4]]),
+    # A Dict built from a plain dict sorts its keys: "a" comes before "b".
+    "dict_sorted": (spaces.Dict({"b": spaces.Discrete(2), "a": spaces.Tuple((spaces.MultiBinary(1),
+                                                                              spaces.Discrete(3)))}),
+                    [{"b": 0, "a": (np.array([1], np.int8), 2)}], [[1, 0, 0, 1, 1, 0]]),
+}
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_encode_matches_hand_written_values(name):
+    space, observations, expected = ENCODINGS[name]
+    env = EncodeObservation(_Declares(space))
+    assert env.observation_space.shape == (len(expected[0]),)
+    assert env.observation_space.dtype == np.float32
+    for obs, want in zip(observations, expected):
+        got = env.observation(obs)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+        assert env.observation_space.contains(got)
+
+
+def test_encode_box_bounds_are_float32_of_the_original():
+    box = spaces.Box(np.array([-3, 0]), np.array([3, 255]), dtype=np.int64)
+    space = spaces.Tuple((spaces.Discrete(2), box))
+    env = EncodeObservation(_Declares(space))
+    np.testing.assert_array_equal(env.observation_space.low, [0, 0, -3, 0])
+    np.testing.assert_array_equal(env.observation_space.high, [1, 1, 3, 255])
+
+
+@pytest.mark.parametrize(
+    "space, where",
+    [(spaces.Text(5), r"env.observation_space=Text"),
+     (spaces.Sequence(spaces.Discrete(2)), r"env.observation_space=Sequence"),
+     (spaces.Graph(spaces.Box(0, 1, (2,)), None), r"env.observation_space=Graph"),
+     (spaces.Tuple((spaces.Discrete(2), spaces.Text(3))), r"env.observation_space\[1\]=Text"),
+     (spaces.Dict({"x": spaces.OneOf((spaces.Discrete(2), spaces.Discrete(3)))}),
+      r"env.observation_space\['x'\]=OneOf")],
+)
+def test_encode_names_an_unsupported_space(space, where):
+    with pytest.raises(TypeError, match=where + r".*cannot be encoded.*ObservationWrapper"):
+        EncodeObservation(_Declares(space))
+
+
+def test_frozenlake_is_one_hot_through_torchrl():
+    env = make_masked_env("FrozenLake-v1", is_slippery=False)
+    td = env.reset()
+    assert td["observation"].shape == (16,) and td["observation"].dtype == torch.float32
+    np.testing.assert_array_equal(td["observation"], np.eye(16)[0])  # the start state, 0
+    # Deterministic moves: down (1) to state 4, then right (2) into the hole at state 5.
+    for action, state in [(1, 4), (2, 5)]:
+        td["action"] = torch.nn.functional.one_hot(torch.tensor(action), 4)
+        td = env.step(td)["next"]
+        np.testing.assert_array_equal(td["observation"], np.eye(16)[state])
+    assert td["terminated"].item() and td["reward"].item() == 0
+
+
+def test_mask_indexes_the_encoded_vector():
+    env = make_masked_env("FrozenLake-v1", keep=[0, 4, 5])
+    assert env.observation_spec["observation"].shape == (3,)
+    np.testing.assert_array_equal(env.reset()["observation"], [1, 0, 0])
+
+
+needs_popgym = pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym not installed")
+
+
+def _one_hots(values, n):
+    return np.eye(n)[np.asarray(values)].reshape(-1)
+
+
+# popgym id -> (encoded size, the encoding of a raw observation written out by hand).
+POPGYM = {
+    "RepeatFirstEasy": (4, lambda o: _one_hots(o, 4)),  # Discrete(4)
+    "AutoencodeEasy": (6, lambda o: np.concatenate([_one_hots(o[0], 2), _one_hots(o[1], 4)])),  # Tuple
+    "ConcentrationEasy": (156, lambda o: _one_hots(o, 3)),  # MultiDiscrete([3] * 52)
+    "BattleshipEasy": (2, lambda o: _one_hots(o, 2)),  # Discrete(2); MultiDiscrete([8, 8]) action
+    "PositionOnlyPendulumEasy": (2, lambda o: o),  # Box(2) float32; Box(1) action
+}
+
+
+@needs_popgym
+@pytest.mark.parametrize("name", POPGYM)
+def test_popgym_encodings_match_the_raw_observations(name):
+    size, encode = POPGYM[name]
+    raw, env = gym.make(f"popgym:popgym-{name}-v0"), EncodeObservation(gym.make(f"popgym:popgym-{name}-v0"))
+    raw.action_space.seed(0)
+    observations = [(raw.reset(seed=1)[0], env.reset(seed=1)[0])]
+    for _ in range(4):
+        action = raw.action_space.sample()
+        observations.append((raw.step(action)[0], env.step(action)[0]))
+    for raw_obs, obs in observations:
+        assert obs.shape == (size,) and obs.dtype == np.float32
+        np.testing.assert_array_equal(obs, encode(raw_obs))
+
+
+@needs_popgym
+@pytest.mark.parametrize("name", POPGYM)
+def test_popgym_by_name_through_torchrl(name):
+    env = make_masked_env(f"popgym:popgym-{name}-v0")
+    rollout = env.rollout(5, break_when_any_done=False)
+    assert rollout["observation"].shape == (5, POPGYM[name][0])
+    assert rollout["observation"].dtype == torch.float32
+
+
+def test_pendulum_continuous_action():
+    env = make_masked_env("Pendulum-v1")
+    rollout = env.rollout(5)
+    assert rollout["observation"].shape == (5, 3) and rollout["observation"].dtype == torch.float32
+    assert rollout["action"].shape == (5, 1) and rollout["action"].dtype == torch.float32
+    # Pendulum observes [cos(theta), sin(theta), theta_dot]: a point on the unit circle.
+    torch.testing.assert_close(rollout["observation"][:, :2].norm(dim=-1), torch.ones(5))
+
+
+@needs_popgym
+def test_popgym_factory_pickles_into_serial_env():
+    factory = functools.partial(make_masked_env, "popgym:popgym-AutoencodeEasy-v0")
+    env = SerialEnv(2, pickle.loads(pickle.dumps(factory)))
+    rollout = env.rollout(5, break_when_any_done=False)
+    assert rollout["observation"].shape == (2, 5, 6)
+    # Two one-hot blocks: sizes 2 and 4, each summing to 1.
+    obs = rollout["observation"]
+    assert obs[..., :2].sum(-1).eq(1).all() and obs[..., 2:].sum(-1).eq(1).all()
     env.close()

@@ -20,6 +20,7 @@ _EXPORTS = {
     "record_demo": "curriculum.demo",
     "ResetManager": "curriculum.manager",
     "ReverseCurriculum": "curriculum.transform",
+    "EncodeObservation": "envs",
     "MaskObservation": "envs",
 }
 

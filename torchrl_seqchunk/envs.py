@@ -1,10 +1,13 @@
-"""Partially observable variants of gymnasium tasks, for recurrent agents.
+"""Gymnasium tasks as flat float observations, and partially observable variants, for recurrent agents.
 
-:class:`MaskObservation` keeps a subset of a flat ``Box`` observation, e.g. CartPole-v1
+:class:`EncodeObservation` turns any observation built from ``Box``, ``Discrete``,
+``MultiDiscrete``, ``MultiBinary``, ``Tuple`` and ``Dict`` spaces into one flat float32
+vector (one-hots for the discrete parts), so that the first linear layer of a policy can read
+it. :class:`MaskObservation` keeps a subset of a flat ``Box`` observation, e.g. CartPole-v1
 without its two velocity components, so that a policy must infer them from memory.
-:func:`make_masked_env` builds such an env wrapped for TorchRL; it is a module-level
-function, so ``functools.partial(make_masked_env, ...)`` pickles into ``ParallelEnv``
-workers.
+:func:`make_masked_env` builds an env encoded, optionally masked, and wrapped for TorchRL;
+it is a module-level function, so ``functools.partial(make_masked_env, ...)`` pickles into
+``ParallelEnv`` workers.
 """
 from __future__ import annotations
 
@@ -13,12 +16,77 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["MaskObservation", "make_masked_env", "DEFAULT_KEEP"]
+__all__ = ["EncodeObservation", "MaskObservation", "make_masked_env", "DEFAULT_KEEP"]
 
 #: Observation indices kept by default for well-known tasks (positions without velocities).
 #: CartPole-v1 observes [cart position, cart velocity, pole angle, pole angular velocity];
 #: keeping (0, 2) is the classic "CartPole without velocities" POMDP.
 DEFAULT_KEEP = {"CartPole-v1": (0, 2)}
+
+
+_LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def _check_encodable(space: gym.Space, where: str) -> None:
+    if isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            _check_encodable(sub, f"{where}[{i}]")
+    elif isinstance(space, gym.spaces.Dict):
+        for key, sub in space.spaces.items():
+            _check_encodable(sub, f"{where}[{key!r}]")
+    elif not isinstance(space, _LEAF_SPACES):
+        raise TypeError(
+            f"{where}={space} ({type(space).__name__}) cannot be encoded as a flat float vector; "
+            f"only Box, Discrete, MultiDiscrete, MultiBinary and Tuple/Dict of them can. Wrap the env "
+            f"in a gymnasium.ObservationWrapper that maps it to one of these spaces first."
+        )
+
+
+class EncodeObservation(gym.ObservationWrapper):
+    """Encode an observation as one flat float32 vector, one-hot for its discrete parts.
+
+    The encoding is gymnasium's :func:`~gymnasium.spaces.utils.flatten`, cast to float32:
+
+    - ``Discrete(n, start)``: a one-hot of size ``n``, with a 1 at ``obs - start``;
+    - ``MultiDiscrete(nvec, start)``: the one-hots of every entry (``nvec`` of any shape, read
+      in C order) concatenated, size ``nvec.sum()``;
+    - ``Box`` of any shape and dtype (float64, int, uint8, bool, ...): its values flattened in C
+      order, not rescaled (a uint8 image stays in ``[0, 255]``);
+    - ``MultiBinary``: its bits flattened, as 0.0 and 1.0;
+    - ``Tuple`` and ``Dict``: the encodings of their parts concatenated, a ``Dict`` in its own
+      key order (sorted, for a ``Dict`` built from a plain ``dict``).
+
+    The wrapped observation space is ``Box(low, high, shape=(D,), dtype=float32)``, with ``D``
+    gymnasium's ``flatdim`` and the bounds of the parts (0 and 1 for one-hots). Rewards,
+    termination, truncation and actions are unchanged.
+
+    Args:
+        env (gymnasium.Env): an env whose observation space is built from the spaces above.
+
+    Raises:
+        TypeError: if the observation space, or any part of it, is another space (``Text``,
+            ``Graph``, ``Sequence``, ``OneOf``, ...); the message names the part.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> env = EncodeObservation(gym.make("FrozenLake-v1"))
+        >>> env.observation_space
+        Box(0.0, 1.0, (16,), float32)
+        >>> env.observation(5).nonzero()  # state 5 of 16: a one-hot at 5
+        (array([5]),)
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        _check_encodable(env.observation_space, "env.observation_space")
+        flat = gym.spaces.utils.flatten_space(env.observation_space)
+        self.observation_space = gym.spaces.Box(
+            low=flat.low.astype(np.float32), high=flat.high.astype(np.float32), dtype=np.float32
+        )
+
+    def observation(self, observation):
+        flat = gym.spaces.utils.flatten(self.env.observation_space, observation)
+        return np.asarray(flat, dtype=np.float32)
 
 
 class MaskObservation(gym.ObservationWrapper):
@@ -78,25 +146,42 @@ class MaskObservation(gym.ObservationWrapper):
 
 
 def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="cpu", **make_kwargs):
-    """Build ``env_id`` as a TorchRL env, keeping only the observation indices ``keep``.
+    """Build ``env_id`` as a TorchRL env with a flat float32 observation, keeping the indices ``keep``.
+
+    The gymnasium env is wrapped in :class:`EncodeObservation` (any supported observation space
+    becomes one flat float32 vector), then, if ``keep`` is given, in :class:`MaskObservation`,
+    which indexes that *encoded* vector: for a ``Discrete`` part, ``keep`` picks entries of its
+    one-hot. Actions are ``GymWrapper``'s mapping of the action space: ``Discrete(n)`` a one-hot
+    ``[n]``, ``Box`` as is, ``MultiDiscrete(nvec)`` (1-D ``nvec``) one-hots ``[len(nvec), n]`` if
+    every entry of ``nvec`` is ``n``, else ``[nvec.sum()]``.
 
     Args:
-        env_id (str): any registered gymnasium id, e.g. ``"CartPole-v1"``.
-        keep (sequence of int, optional): observation indices kept by :class:`MaskObservation`;
-            ``None`` keeps the full observation.
+        env_id (str): a registered gymnasium id, e.g. ``"CartPole-v1"``, or ``"module:id"`` to
+            import ``module`` first so that it registers ``id`` (gymnasium's own syntax). POPGym
+            registers ``popgym-<EnvClass>-v0`` on import, so ``"popgym:popgym-RepeatFirstEasy-v0"``
+            builds ``popgym.envs.repeat_first.RepeatFirstEasy``; popgym is imported only then.
+        keep (sequence of int, optional): indices of the encoded observation kept by
+            :class:`MaskObservation`; ``None`` keeps the full observation.
 
     Keyword Args:
         device (torch.device or str): device of the TorchRL env's tensors. Defaults to ``"cpu"``.
         **make_kwargs: passed to ``gymnasium.make``.
 
     Returns:
-        torchrl.envs.GymWrapper: observation under ``"observation"`` with shape ``[len(keep)]``
-        (float32 for CartPole), the action spec of the gymnasium env.
+        torchrl.envs.GymWrapper: float32 observation under ``"observation"`` with shape ``[D]``,
+        ``D`` the encoded size (:class:`EncodeObservation`), or ``[len(keep)]``.
+
+    Raises:
+        TypeError: if the observation space cannot be encoded (:class:`EncodeObservation`), or
+            ``keep`` holds a non-integer.
+        ValueError: if ``keep`` is empty, out of range or has duplicates.
 
     Examples:
         >>> env = make_masked_env("CartPole-v1", keep=(0, 2))
         >>> env.reset()["observation"].shape
         torch.Size([2])
+        >>> make_masked_env("FrozenLake-v1").reset()["observation"]  # Discrete(16) start state 0
+        tensor([1., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0., 0.])
         >>> # picklable factory for workers:
         >>> import functools
         >>> from torchrl.envs import SerialEnv
@@ -105,7 +190,7 @@ def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="c
     """
     from torchrl.envs import GymWrapper
 
-    env = gym.make(env_id, **make_kwargs)
+    env = EncodeObservation(gym.make(env_id, **make_kwargs))
     if keep is not None:
         env = MaskObservation(env, keep)
     return GymWrapper(env, device=device)
