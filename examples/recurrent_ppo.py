@@ -35,8 +35,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.envs import (Compose, InitTracker, ParallelEnv, RewardScaling, RewardSum, SerialEnv,
-                          TransformedEnv, VecNormV2)
+from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv, VecNormV2
 from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.modules.distributions import NormalParamExtractor
 from torchrl.objectives import ClipPPOLoss
@@ -46,6 +45,7 @@ from torchrl_seqchunk import (
     ChunkPrefetcher,
     RecurrentPPOLoss,
     ResetRNN,
+    ReturnScaledReward,
     StreamChunkSampler,
     boundary_gae,
     make_windows,
@@ -68,7 +68,7 @@ class Config:
     # collection
     rollout_len: int = 32  # T: steps per env per iteration -> frames_per_batch = num_envs * T
     obs_norm: bool = True  # running mean/std of the observation (TorchRL's VecNormV2)
-    reward_scale: float = 1.0  # rewards are multiplied by this (TorchRL's RewardScaling)
+    reward_norm: bool = True  # rewards / running std of the discounted return (ReturnScaledReward)
     # model
     hidden: int = 64
     cell: str = "gru"  # "gru" | "lstm"
@@ -132,8 +132,8 @@ def make_env(cfg: Config) -> TransformedEnv:
     transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
     if cfg.obs_norm:
         transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))
-    if cfg.reward_scale != 1.0:
-        transforms.append(RewardScaling(loc=0.0, scale=cfg.reward_scale))
+    if cfg.reward_norm:
+        transforms.append(ReturnScaledReward(gamma=cfg.gamma))
     return TransformedEnv(batched, Compose(*transforms))
 
 

@@ -22,6 +22,7 @@ _EXPORTS = {
     "ReverseCurriculum": "curriculum.transform",
     "EncodeObservation": "envs",
     "MaskObservation": "envs",
+    "ReturnScaledReward": "reward_norm",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,56 @@
+"""ReturnScaledReward against a per-step numpy reference of the discounted-return scaling."""
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_seqchunk import ReturnScaledReward
+
+
+def reference(rewards, dones, gamma, clip, eps=1e-8):
+    """VecNormalize's reward rule written step by step: return, batch-moment merge, scale, reset."""
+    mean, var, count = 0.0, 1.0, 1e-4
+    returns, out = np.zeros(rewards.shape[1]), []
+    for r, d in zip(rewards, dones):
+        returns = returns * gamma + r
+        n, m, v = len(returns), returns.mean(), returns.var()
+        total = count + n
+        delta = m - mean
+        var = (var * count + v * n + delta**2 * count * n / total) / total
+        mean, count = mean + delta * n / total, total
+        out.append(np.clip(r / np.sqrt(var + eps), -clip, clip))
+        returns[d] = 0.0
+    return np.stack(out)
+
+
+def test_matches_the_per_step_reference_with_resets_and_clipping():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(1.0, 2.0, size=(40, 3))
+    dones = rng.random((40, 3)) < 0.15
+    transform = ReturnScaledReward(gamma=0.9, clip=3.0)
+    got = []
+    for r, d in zip(rewards, dones):
+        next_td = TensorDict({"reward": torch.tensor(r).unsqueeze(-1), "done": torch.tensor(d).unsqueeze(-1)}, [3])
+        got.append(transform._step(TensorDict({}, [3]), next_td)["reward"].squeeze(-1).numpy())
+    expected = reference(rewards, dones, 0.9, 3.0)
+    np.testing.assert_allclose(np.stack(got), expected, rtol=1e-6)
+    assert (np.abs(expected) == 3.0).any() and (np.abs(expected) < 3.0).any()  # both regimes hit
+
+
+def test_constant_reward_stays_positive_and_statistics_resume():
+    # CartPole's reward: 1 per step; VecNormV2 would centre it to 0
+    transform = ReturnScaledReward(gamma=0.5)
+    step = lambda t: t._step(TensorDict({}, [2]), TensorDict({"reward": torch.ones(2, 1), "done": torch.zeros(2, 1, dtype=torch.bool)}, [2]))["reward"]
+    for _ in range(20):
+        scaled = step(transform)
+    # the return tends to 1 / (1 - 0.5) = 2 for both envs: var shrinks, the reward grows but is clipped at 10
+    assert (scaled > 0).all()
+    resumed = ReturnScaledReward(gamma=0.5)
+    resumed.load_state_dict(transform.state_dict())
+    assert resumed.count.item() == pytest.approx(40 + 1e-4)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"gamma": 1.5}, "gamma"), ({"clip": 0}, "clip"), ({"eps": -1}, "eps")])
+def test_bad_options_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ReturnScaledReward(**kwargs)
