@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from .sampler import _prefetching
+
 __all__ = ["ChunkPrefetcher"]
 
 _DONE = object()  # the source is exhausted
@@ -18,9 +20,12 @@ class _Failure:
         self.error = error
 
 
-def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device) -> None:
+def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device, drawn) -> None:
     """The worker loop. It holds no reference to its :class:`ChunkPrefetcher`, so a
-    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it."""
+    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it.
+    Each chunk travels with the list of the samplers that drew it; ``drawn`` collects
+    them all, to take back what was never delivered when the prefetcher is closed or
+    dropped."""
 
     def put(item) -> None:
         while not stop.is_set():
@@ -32,18 +37,30 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
 
     try:
         while not stop.is_set():
+            samplers = _prefetching.samplers = []
             try:
                 chunk = next_chunk()
             except StopIteration:
                 put(_DONE)
                 return
+            finally:
+                _prefetching.samplers = None
+                drawn.update((id(sampler), sampler) for sampler in samplers)
             if pin_memory:
                 chunk = chunk.pin_memory()
             if device is not None:
                 chunk = chunk.to(device, non_blocking=True)
-            put(chunk)
+            put((chunk, samplers))
     except BaseException as error:  # handed to the consumer
         put(_Failure(error))
+    finally:
+        if stop.is_set():  # closed or dropped: nothing queued will be delivered
+            _take_back(drawn)
+
+
+def _take_back(drawn: dict) -> None:
+    for sampler in drawn.values():
+        sampler._rewind()
 
 
 class ChunkPrefetcher:
@@ -65,9 +82,15 @@ class ChunkPrefetcher:
     the iteration, also for a consumer waiting in another thread; a prefetcher dropped
     without it stops its thread when garbage-collected.
 
-    The worker runs up to ``depth + 1`` chunks ahead of the consumer, so a sampler state
-    saved while it runs is ahead by the chunks prepared but not yet consumed; a resumed
-    run skips those. For an exact resume, save the state where no prefetcher is running.
+    The worker runs up to ``depth + 1`` chunks ahead of the consumer. A
+    :class:`~torchrl_seqchunk.StreamChunkSampler` that drew chunks for it (through
+    ``rb.sample``, ``rb`` or any callable calling them in the worker thread) keeps its
+    stream state from before each chunk not yet delivered: :meth:`close` puts the sampler
+    back where it stood after the last delivered chunk, so the next consumer (another
+    prefetcher or a plain ``rb.sample()``) gets the undelivered chunks first and every
+    stream continues the last chunk consumed (steps overwritten meanwhile are dropped as
+    usual); its ``state_dict`` saved while the prefetcher runs is that state too. Chunks of
+    other sources that were prepared but not delivered are dropped on close.
 
     Args:
         source (callable or iterable): where chunks come from.
@@ -141,9 +164,10 @@ class ChunkPrefetcher:
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
+        self._drawn = {}  # id -> every StreamChunkSampler that drew a chunk for the worker
         self._thread = threading.Thread(
             target=_work,
-            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device),
+            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device, self._drawn),
             name="ChunkPrefetcher",
             daemon=True,
         )
@@ -162,10 +186,14 @@ class ChunkPrefetcher:
             if isinstance(item, _Failure):
                 raise item.error
             raise StopIteration
-        return item
+        chunk, samplers = item
+        for sampler in samplers:
+            sampler._delivered()
+        return chunk
 
     def close(self) -> None:
-        """Stops the worker and joins it; chunks still queued are dropped."""
+        """Stops the worker and joins it; the samplers that drew chunks still queued take
+        them back (see the class docstring), other sources' are dropped."""
         self._stop.set()
         while self._thread.is_alive():
             try:
@@ -173,6 +201,7 @@ class ChunkPrefetcher:
             except queue.Empty:
                 pass
         self._thread.join()
+        _take_back(self._drawn)  # also when the worker ended first (source exhausted, error)
         self._finished = True
         try:  # the worker's last put may have landed
             while True:

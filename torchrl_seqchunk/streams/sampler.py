@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import heapq
 import numbers
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ from .episodes import _as_long, _EpisodeTracker, _WriteLog
 
 __all__ = ["StreamChunkSampler"]
 
-
+# Set by a ChunkPrefetcher's worker thread before it asks for a chunk: a list that every
+# StreamChunkSampler drawing that chunk joins (so the chunk can be handed back on close).
+_prefetching = threading.local()
 
 class _Segment:
     """An episode in a stream queue, or what is left of it.
@@ -159,7 +162,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
     replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
-    order; use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order.
+    order; use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
+    closed, hands back the chunks it drew but did not deliver (they come next).
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
     generator state, so a resumed run emits the same chunks as an uninterrupted one.
 
@@ -253,6 +257,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
         self.episode_key, self.step_key, self.mask_key = episode_key, step_key, mask_key
         self._generator = generator
+        self._lock = threading.RLock()  # a ChunkPrefetcher samples in its own thread
         self._empty()
 
     # ----------------------------------------------------------------- replay-buffer hooks
@@ -269,6 +274,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._record(torch.as_tensor(index))
 
     def _record(self, index: torch.Tensor) -> None:
+        with self._lock:
+            self._record_locked(index)
+
+    def _record_locked(self, index: torch.Tensor) -> None:
         self._log.record(index)
         if not self.replacement and any(stream.unread for stream in self._streams):
             for stream in self._streams:  # the epoch ends if the write leaves nothing to read
@@ -282,6 +291,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
         self._remaining_batches = torch.iinfo(torch.int64).max if self.replacement else 0
+        self._undelivered = collections.deque()  # stream state before each chunk a
+        # ChunkPrefetcher drew but has not delivered yet, oldest first
 
     @property
     def ran_out(self) -> bool:
@@ -315,26 +326,44 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"{batch_size}; build the replay buffer with batch_size={B * T}."
             )
         self._check_buffer(storage)
-        self._sync(storage)
-        if not len(self._tracker):
-            raise ValueError(
-                f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
-                f"in the storage: it holds {len(storage)} step(s) of capacity "
-                f"{storage.max_size} and no whole episode ends in it ({self._end_rule(storage)})."
-                " Write whole episodes before sampling, or pass "
-                "only_complete=False to draw the episode still being written; an episode "
-                "longer than the storage capacity can never be stored whole, so raise the "
-                "capacity."
-            )
-        if self.replacement:
-            for stream in self._streams:
-                while stream.unread < T:
-                    episode, slots = self._tracker.draw(self.generator)
-                    stream.push(_Segment(slots, episode, 0, self._log.clock))
-        elif all(stream.unread == 0 for stream in self._streams):
-            self._deal_epoch()
-        rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
-        return self._chunk(rows)
+        with self._lock:
+            self._sync(storage)
+            if not len(self._tracker):
+                raise ValueError(
+                    f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}"
+                    f"episode in the storage: it holds {len(storage)} step(s) of capacity "
+                    f"{storage.max_size} and no whole episode ends in it "
+                    f"({self._end_rule(storage)}). Write whole episodes before sampling, or "
+                    "pass only_complete=False to draw the episode still being written; an "
+                    "episode longer than the storage capacity can never be stored whole, so "
+                    "raise the capacity."
+                )
+            prefetcher = getattr(_prefetching, "samplers", None)
+            if prefetcher is not None:  # drawn ahead: keep the state to go back to
+                self._undelivered.append(self._stream_state())
+                prefetcher.append(self)
+            if self.replacement:
+                for stream in self._streams:
+                    while stream.unread < T:
+                        episode, slots = self._tracker.draw(self.generator)
+                        stream.push(_Segment(slots, episode, 0, self._log.clock))
+            elif all(stream.unread == 0 for stream in self._streams):
+                self._deal_epoch()
+            rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
+            return self._chunk(rows)
+
+    def _delivered(self) -> None:
+        """A :class:`~torchrl_seqchunk.ChunkPrefetcher` handed over the oldest chunk it drew."""
+        self._undelivered.popleft()
+
+    def _rewind(self) -> None:
+        """Takes back the chunks a closed prefetcher drew but never delivered: the streams
+        and generator go back to where they stood before the first of them, so the next
+        sample emits it again (minus steps overwritten since). Writes are kept."""
+        with self._lock:
+            if self._undelivered:
+                self._load_stream_state(self._undelivered[0])
+                self._undelivered.clear()
 
     def _check_buffer(self, storage: Storage) -> None:
         """Warns when a buffer that drops the sampler's info samples through this sampler
@@ -436,13 +465,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         return index, info
 
     # ------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def _stream_state(self) -> dict[str, Any]:
+        """The stream queues and generator: what a sample changes besides reading writes."""
         segments = [(b, seg) for b, s in enumerate(self._streams) for seg in s.segments]
         return {
-            "num_streams": self.num_streams,
-            "seq_len": self.seq_len,
-            "log": self._log.state(),
-            "episodes": self._tracker.state(),
             "generator": self.generator.get_state(),
             "segment_stream": _as_long([b for b, _ in segments]),
             "segment_length": _as_long([seg.slots.numel() for _, seg in segments]),
@@ -454,6 +480,36 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             "remaining_batches": self._remaining_batches,
         }
 
+    def _load_stream_state(self, state: dict[str, Any]) -> None:
+        self._streams = [_Stream() for _ in range(self.num_streams)]
+        self.generator.set_state(state["generator"])
+        slots = state["segment_slots"].split(state["segment_length"].tolist())
+        fields = zip(
+            state["segment_stream"].tolist(),
+            slots,
+            state["segment_episode"].tolist(),
+            state["segment_offset"].tolist(),
+            state["segment_queued_at"].tolist(),
+        )
+        for b, seg_slots, episode, offset, queued_at in fields:
+            self._streams[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
+        self._ran_out = state["ran_out"]
+        self._remaining_batches = state["remaining_batches"]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state. While a :class:`~torchrl_seqchunk.ChunkPrefetcher` runs, the
+        streams are saved as they stood after the last chunk it delivered, so a resumed run
+        emits next the chunks it had drawn but not delivered."""
+        with self._lock:
+            streams = self._undelivered[0] if self._undelivered else self._stream_state()
+            return {
+                "num_streams": self.num_streams,
+                "seq_len": self.seq_len,
+                "log": self._log.state(),
+                "episodes": self._tracker.state(),
+                **streams,
+            }
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         sizes = (state_dict["num_streams"], state_dict["seq_len"])
         if sizes != (self.num_streams, self.seq_len):
@@ -461,22 +517,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"state_dict is for (num_streams, seq_len) = {sizes}, this sampler has "
                 f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
             )
-        self._empty()
-        self._log.load(state_dict["log"])
-        self._tracker.load(state_dict["episodes"])
-        self.generator.set_state(state_dict["generator"])
-        slots = state_dict["segment_slots"].split(state_dict["segment_length"].tolist())
-        fields = zip(
-            state_dict["segment_stream"].tolist(),
-            slots,
-            state_dict["segment_episode"].tolist(),
-            state_dict["segment_offset"].tolist(),
-            state_dict["segment_queued_at"].tolist(),
-        )
-        for b, seg_slots, episode, offset, queued_at in fields:
-            self._streams[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
-        self._ran_out = state_dict["ran_out"]
-        self._remaining_batches = state_dict["remaining_batches"]
+        with self._lock:
+            self._empty()
+            self._log.load(state_dict["log"])
+            self._tracker.load(state_dict["episodes"])
+            self._load_stream_state(state_dict)
 
     def dumps(self, path) -> None:
         path = Path(path).absolute()
@@ -485,6 +530,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def loads(self, path) -> None:
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be pickled; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (
