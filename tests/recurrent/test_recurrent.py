@@ -475,7 +475,7 @@ def test_step_mode_writes_used_and_next_state_and_matches_sequence_mode(kind):
 
 def test_step_mode_without_state_or_batch_dims():
     module = ResetRNN(nn.LSTMCell(F, H))
-    td = module(TensorDict({"embed": torch.randn(F)}, []))
+    td = module(TensorDict({"embed": torch.randn(F), "is_first": torch.ones(1, dtype=torch.bool)}, []))
     assert td["features"].shape == (H,)
     assert td["recurrent_state", "h"].abs().sum() == 0  # no state in the input: zeros
     assert td["next", "recurrent_state", "c"].shape == (H,)
@@ -612,7 +612,7 @@ def test_module_cast_after_construction_builds_states_of_the_new_dtype():
     y_ref, _ = reference(rnn, x, is_first, carried, zeros)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, y_ref)
-    step = module(TensorDict({"embed": x[:, 0], "is_first": is_first[:, 0, None]}, [B]))
+    step = module(TensorDict({"embed": x[:, 0], "is_first": torch.ones(B, 1)}, [B]))
     assert step["recurrent_state", "h"].dtype == torch.float64
     primer = module.make_tensordict_primer()
     assert primer.primers["recurrent_state", "c"].dtype == torch.float64
@@ -642,3 +642,26 @@ def test_missing_input_keys_are_named():
     learner = ResetRNN(nn.GRU(F, H, batch_first=True), reset_state_key="memory")
     with pytest.raises(ValueError, match="'memory'.*reset_state_key="):
         learner(chunk(x, is_first))
+
+
+def test_step_mode_refuses_a_missing_state_after_an_episode_start():
+    module = ResetRNN(nn.GRUCell(F, H))
+    x = torch.randn(3, F)
+    first = module(TensorDict({"embed": x, "is_first": torch.ones(3, 1, dtype=torch.bool)}, [3]))
+    assert first["recurrent_state"].abs().sum() == 0  # first step: no state needed
+    is_first = torch.tensor([[True], [False], [True]])
+    with pytest.raises(ValueError, match=r"'recurrent_state' is absent.*1 of 3 row.*make_tensordict_primer\(\)"):
+        module(TensorDict({"embed": x, "is_first": is_first}, [3]))
+    lstm = ResetRNN(nn.LSTMCell(F, H))
+    partial = TensorDict({"embed": x, "is_first": is_first, ("recurrent_state", "h"): torch.zeros(3, H)}, [3])
+    with pytest.raises(ValueError, match=r"\('recurrent_state', 'c'\) is absent"):
+        lstm(partial)
+
+
+def test_step_mode_refuses_missing_flags_and_names_is_init():
+    module = ResetRNN(nn.GRUCell(F, H))
+    td = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
+    with pytest.raises(ValueError, match=r"'is_first', absent.*is_first_key='is_init'.*InitTracker\(init_key='is_first'\)"):
+        module(td)
+    # with the key TorchRL's collector writes, the same input runs
+    assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
