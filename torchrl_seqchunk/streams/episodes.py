@@ -35,7 +35,7 @@ class _WriteLog:
     Stamps grow with every write, so a slot whose stamp is ``>= t`` was rewritten after
     the moment the clock read ``t``. ``pending`` keeps the writes not yet read by the
     tracker. Slots filled before any write was recorded (a storage handed to the sampler
-    already filled) count as written in slot order before everything else.
+    already filled) count as written before everything else, in the storage's time order.
     """
 
     def __init__(self):
@@ -47,6 +47,16 @@ class _WriteLog:
 
     def record(self, index: torch.Tensor) -> None:
         index = index.reshape(-1).to("cpu", torch.long)
+        skipped = index < 0  # rows a writer did not store (TensorDictMaxValueWriter: -1)
+        if skipped.any():
+            warnings.warn(
+                f"the writer stored only {int((~skipped).sum())} of {index.numel()} written rows "
+                "(index -1 for the others, e.g. TensorDictMaxValueWriter): the sampler reads "
+                "the stored steps as consecutive, so an episode that lost a step is drawn "
+                "without it. Use a writer that stores every step (RoundRobinWriter) for streams.",
+                stacklevel=2,
+            )
+            index = index[~skipped]
         if not index.numel():  # an empty write
             return
         self._grow(int(index.max()) + 1)
@@ -62,12 +72,18 @@ class _WriteLog:
             grown[: self.stamps.numel()] = self.stamps
             self.stamps = grown
 
-    def take_pending(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots ``[0, size)`` written since the last call, in write order, with their stamps."""
+    def take_pending(self, size: int, newest: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots ``[0, size)`` written since the last call, in write order, with their stamps.
+
+        Slots filled without a recorded write count as written before everything else, in
+        ring order after ``newest`` (the slot a wrapped storage wrote last), else slot order.
+        """
         self._grow(size)
         unknown = []
         if self.known < size:  # slots filled without a recorded write: older than every write
             unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
+            if newest is not None:
+                unknown = unknown[((unknown - newest - 1) % size).argsort()]
         if len(unknown):
             self.known += unknown.numel()
             self.origin -= unknown.numel()
@@ -206,13 +222,18 @@ class _EpisodeTracker:
         lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
         ends = self._read(data, self.end_key, slots[alive], required=self.traj_key is None)
         stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
-        if stitch and not alive.all():  # a lost step may be any trajectory's
-            lost_before = (~alive).cumsum(0)[alive] > 0  # none written after it is whole
+        if not alive.all():
+            if stitch:  # a lost step may be any trajectory's: none written after it is whole
+                lost_before = (~alive).cumsum(0)[alive] > 0
+                unknown = "their trajectories are unknown, so every episode written after them "
+                unknown += "in that stretch is dropped"
+            else:  # the end flag of the last lost step is gone
+                unknown = "whether the first step stored after them starts an episode is "
+                unknown += "unknown, so the episode holding it is dropped even if it is whole"
             warnings.warn(
                 f"{int((~alive).sum())} step(s) were overwritten before any sample read them "
-                "(more than the storage capacity written between two samples); their "
-                "trajectories are unknown, so one that continues in a later write may be drawn "
-                "as if it started there. Sample more often or raise the capacity.",
+                f"(more than the storage capacity written between two samples); {unknown}. "
+                "Sample more often or raise the capacity.",
                 stacklevel=2,
             )
         slots, stamps = slots[alive], stamps[alive]

@@ -142,10 +142,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     emitted; the stream drops the rest of that episode and its next step is an episode
     start. The sampler learns about writes through the replay buffer's ``extend``/``add``
     calls (write through the buffer, not the storage); a storage that was already filled
-    when the sampler first saw it is read in slot order. It reads the new steps at the next
-    sample, so with ``traj_key`` write at most the capacity between two samples: a step
-    overwritten before it was read belongs to an unknown trajectory, so the episodes
-    written after it in that stretch are dropped, with a warning. An episode still being
+    when the sampler first saw it is read in time order, a wrapped ring from the slot after
+    its cursor (refused when the buffer wrote into a full storage before the sampler first
+    saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
+    ``TensorDictMaxValueWriter``) are not steps of the storage (with a warning). It reads
+    the new steps at the next sample, so write at most the capacity between two samples:
+    a step overwritten before it was read belongs to an unknown trajectory (with
+    ``traj_key``: the episodes written after it in that stretch are dropped) or hides
+    whether the next stored step starts an episode (end flags alone: the episode holding
+    that step is dropped), with a warning in both cases. An episode still being
     written is forgotten once none of its steps is stored (a trajectory that never ends,
     e.g. cut by a collector's ``reset_at_each_iter``, keeps nothing), so the bookkeeping
     stays within the capacity; should its trajectory id come back after that, the new
@@ -261,8 +266,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._empty()
 
     # ----------------------------------------------------------------- replay-buffer hooks
-    def add(self, index: int) -> None:
-        self._record(torch.as_tensor(index))
+    def add(self, index: int | None) -> None:
+        if index is not None:  # None: the writer kept nothing (TensorDictMaxValueWriter)
+            self._record(torch.as_tensor(index))
 
     def extend(self, index: torch.Tensor) -> None:
         if isinstance(index, tuple):
@@ -398,7 +404,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
-        slots, stamps = self._log.take_pending(len(storage))
+        slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
         if not slots.numel():
             return
         data = storage[:]
@@ -418,6 +424,25 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._tracker.update(data, slots, stamps, alive)
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
+
+    def _newest_unrecorded(self, storage: Storage) -> int | None:
+        """The slot written last into a storage that was full before the sampler saw it (its
+        ring may have wrapped, so time order starts after that slot); ``None`` otherwise."""
+        if self._log.known >= len(storage) or len(storage) < storage.max_size:
+            return None  # every slot's write was recorded, or the ring never wrapped
+        newest = storage._last_cursor_index  # TorchRL storages keep their last written slot
+        if self._log.clock or newest is None:
+            raise ValueError(
+                f"StreamChunkSampler cannot tell the time order of the "
+                f"{len(storage) - self._log.known} step(s) a full storage held before the "
+                "sampler first saw it: "
+                + ("the buffer wrote into it since, so its cursor no longer marks where those "
+                   "steps end" if self._log.clock else "the storage keeps no cursor")
+                + " (a wrapped ring is not in slot order). Sample once before writing through "
+                "the buffer (rb.sampler.can_sample(rb.storage, batch_size) is enough), or start "
+                "from an empty storage."
+            )
+        return int(newest)
 
     def _deal_epoch(self) -> None:
         """Deals every episode once: longest first to the least-filled stream (Graham's LPT
