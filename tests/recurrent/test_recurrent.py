@@ -665,3 +665,29 @@ def test_step_mode_refuses_missing_flags_and_names_is_init():
         module(td)
     # with the key TorchRL's collector writes, the same input runs
     assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
+
+
+def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
+    import copy
+
+    x, is_first = torch.randn(B, T, F), random_flags()
+    for carry in (True, False):
+        module = ResetRNN(nn.GRUCell(F, H), carry=carry)
+        members = [copy.deepcopy(module) for _ in range(2)]
+        for member in members:
+            nn.init.normal_(member.rnn.weight_hh)
+        params, buffers = torch.func.stack_module_state(members)
+
+        def member_features(p, b):
+            td = chunk(x, is_first)
+            return torch.func.functional_call(module, (p, b), (td,))["features"]
+
+        if carry:
+            with pytest.raises(ValueError, match=r"carry=True\) ran under a torch.func transform"):
+                torch.func.vmap(member_features)(params, buffers)
+            assert module._carry is None  # nothing transformed was kept
+            module(chunk(x, is_first))  # a plain call still runs
+        else:
+            y = torch.func.vmap(member_features)(params, buffers)
+            for k, member in enumerate(members):  # the reference: each member on its own
+                torch.testing.assert_close(y[k], member(chunk(x, is_first))["features"])

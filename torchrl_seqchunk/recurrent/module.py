@@ -83,7 +83,8 @@ class ResetRNN(TensorDictModuleBase):
     Raises:
         TypeError / ValueError: unsupported ``rnn`` or bad option values (at
             construction); bad shapes, or a carried state whose batch differs from
-            the input while some ``is_first[:, 0]`` is False (at call time); in step
+            the input while some ``is_first[:, 0]`` is False, or ``carry=True`` under a
+            ``torch.func`` transform such as ``vmap`` (at call time); in step
             mode, no ``is_first_key`` entry, or a state entry absent while some row
             is not at an episode start (append :meth:`make_tensordict_primer`).
 
@@ -279,6 +280,14 @@ class ResetRNN(TensorDictModuleBase):
             reset_state = None if self.initial is None else tuple(self.initial)
         y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
         if self.carry:
+            if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
+                raise ValueError(
+                    "ResetRNN(carry=True) ran under a torch.func transform (vmap, grad, e.g. an "
+                    "ensemble through functional_call): keeping its final state would store a "
+                    "transformed tensor, which fails on the next plain call. Build the module "
+                    "with carry=False for transformed calls (the state then starts at "
+                    "is_first, from the initial state or reset_state_key), or call it plainly."
+                )
             self._carry = tuple(h.detach() for h in h_last)
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
