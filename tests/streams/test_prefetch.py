@@ -259,3 +259,21 @@ def test_a_dropped_prefetcher_takes_back_its_chunks():
     assert wait_for_no_prefetch_thread()
     for want in expected[1:]:
         assert (rb.sample()["obs"] == want).all()
+
+
+def test_close_returns_in_bounded_time_when_the_source_blocks():
+    release = threading.Event()
+
+    def stuck_source():  # e.g. a queue no longer fed
+        release.wait()
+        return TensorDict({"k": torch.tensor(0)}, [])
+
+    prefetcher = ChunkPrefetcher(stuck_source, depth=1)
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match=r"still inside a source call after 0.2 s"):
+        prefetcher.close(timeout=0.2)
+    assert time.monotonic() - start < 2.0
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    release.set()  # the call returns: the thread ends on its own
+    assert wait_for_no_prefetch_thread()

@@ -4,6 +4,8 @@ from __future__ import annotations
 import inspect
 import queue
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
@@ -79,7 +81,8 @@ class ChunkPrefetcher:
     source is exhausted; a callable source never ends. An exception raised in the worker
     is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
     :meth:`close` (also on leaving a ``with`` block) stops and joins the thread and ends
-    the iteration, also for a consumer waiting in another thread; a prefetcher dropped
+    the iteration, also for a consumer waiting in another thread, within a bounded time
+    (a source call that blocks is left behind with a warning); a prefetcher dropped
     without it stops its thread when garbage-collected.
 
     The worker runs up to ``depth + 1`` chunks ahead of the consumer. A
@@ -191,17 +194,33 @@ class ChunkPrefetcher:
             sampler._delivered()
         return chunk
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         """Stops the worker and joins it; the samplers that drew chunks still queued take
-        them back (see the class docstring), other sources' are dropped."""
+        them back (see the class docstring), other sources' are dropped.
+
+        Args:
+            timeout (float): seconds to wait for a worker stuck in a source call (one
+                that blocks, e.g. on a queue no longer fed). Past it, ``close`` returns
+                with a warning and leaves the daemon thread to end when that call
+                returns (its sampler's chunks are then taken back). Defaults to ``5.0``.
+        """
         self._stop.set()
-        while self._thread.is_alive():
-            try:
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:  # unblocks a worker waiting to queue a chunk
                 self._queue.get(timeout=0.05)
             except queue.Empty:
                 pass
-        self._thread.join()
-        _take_back(self._drawn)  # also when the worker ended first (source exhausted, error)
+        if self._thread.is_alive():
+            warnings.warn(
+                f"ChunkPrefetcher.close: the worker is still inside a source call after "
+                f"{timeout} s (the source blocks); it is left running as a daemon thread and "
+                "ends when that call returns, dropping its chunk (a StreamChunkSampler takes "
+                "its chunks back then). Unblock the source, or pass a longer timeout.",
+                stacklevel=2,
+            )
+        else:  # also when the worker ended first (source exhausted, error)
+            _take_back(self._drawn)
         self._finished = True
         try:  # the worker's last put may have landed
             while True:
