@@ -691,3 +691,15 @@ def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
             y = torch.func.vmap(member_features)(params, buffers)
             for k, member in enumerate(members):  # the reference: each member on its own
                 torch.testing.assert_close(y[k], member(chunk(x, is_first))["features"])
+
+
+@pytest.mark.parametrize("backend", ["loop", "packed", "scan"])
+def test_empty_time_is_refused_and_empty_batch_runs(backend):
+    rnn = MinGRUCell(F, H) if backend == "scan" else nn.LSTM(F, H, num_layers=2, batch_first=True)
+    with pytest.raises(ValueError, match=r"no time step \(shape \[2, 0, 3\], T = 0\)"):
+        rnn_with_resets(rnn, torch.randn(2, 0, F), torch.zeros(2, 0), backend=backend)
+    y, h = rnn_with_resets(rnn, torch.randn(0, T, F), torch.zeros(0, T), backend=backend)
+    assert y.shape == (0, T, H)
+    assert [tuple(s.shape) for s in (h if isinstance(h, tuple) else (h,))] == (
+        [(0, H)] if backend == "scan" else [(0, 2, H)] * 2
+    )
