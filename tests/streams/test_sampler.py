@@ -434,6 +434,37 @@ def test_missing_end_key_and_non_bool_flags():
     rb.extend(data.set(("next", "done"), data["next", "done"].long()))
     with pytest.raises(TypeError, match="must hold bool flags, got dtype torch.int64"):
         rb.sample()
+    with pytest.raises(TypeError, match="must hold bool flags"):  # the writes were kept
+        rb.sample()
+
+
+def test_multi_dimensional_done_flags_are_refused():
+    rb = buffer(1, 2)
+    data = episodes([3])
+    data["next", "done"] = data["next", "done"].expand(3, 5).unsqueeze(-1)  # [N, 5, 1]
+    rb.extend(data)
+    with pytest.raises(ValueError, match=r"one flag per step, shaped \[N\] or \[N, 1\], got \[5, 1\]"):
+        rb.sample()
+
+
+def test_two_dimensional_storage_is_refused_at_the_first_write():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100, ndim=2), sampler=StreamChunkSampler(1, 4), batch_size=4
+    )
+    batch = torch.stack([episodes([5]), episodes([5])])  # [num_envs, T], a collector's layout
+    with pytest.raises(ValueError, match=r"multi-dimensional write index.*ndim=2.*reshape\(-1\)"):
+        rb.extend(batch)
+    assert rb.sampler._log.clock == 0  # nothing recorded
+
+
+def test_buffer_prefetch_above_one_is_refused():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=StreamChunkSampler(1, 4), batch_size=4,
+        prefetch=2,
+    )
+    rb.extend(episodes([5, 5]))
+    with pytest.raises(ValueError, match=r"prefetch=2.*out of order.*ChunkPrefetcher"):
+        rb.sample()
 
 
 def test_plain_replay_buffer_gets_a_warning_naming_tensordict_replay_buffer():

@@ -165,9 +165,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     runs exactly one epoch; the next :meth:`sample` starts a new one. A write that
     overwrites every step still queued ends the epoch there (:attr:`ran_out` turns True).
 
-    The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
-    replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
-    order; use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
+    The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. It refuses the replay
+    buffer's ``prefetch > 1``, whose worker threads may run two samples out of order (a
+    deliberate difference from TorchRL's samplers, which accept it); use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
     closed, hands back the chunks it drew but did not deliver (they come next).
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
     generator state, so a resumed run emits the same chunks as an uninterrupted one.
@@ -204,7 +204,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
             ``torch.Generator``.
         ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
-            ``num_streams * seq_len``; a storage that is not one-dimensional, lacks
+            ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
+            not one-dimensional (at its first write), lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
             an episode is longer than the storage); a state dict for other sizes.
 
@@ -268,20 +269,21 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     # ----------------------------------------------------------------- replay-buffer hooks
     def add(self, index: int | None) -> None:
         if index is not None:  # None: the writer kept nothing (TensorDictMaxValueWriter)
-            self._record(torch.as_tensor(index))
+            self._record(index)
 
     def extend(self, index: torch.Tensor) -> None:
-        if isinstance(index, tuple):
+        self._record(index)
+
+    def _record(self, index) -> None:
+        if isinstance(index, tuple) or torch.as_tensor(index).dim() > 1:
             raise ValueError(
                 "StreamChunkSampler needs a one-dimensional storage, got a multi-dimensional "
-                "write index; flatten [num_envs, T] data to steps in time order per env before "
-                "rb.extend, or use one storage dimension."
+                "write index (a storage built with ndim=2, [envs, time]); build the storage "
+                "with ndim=1 and write collector batches flat, rb.extend(batch.reshape(-1)), "
+                "with traj_key=('collector', 'traj_ids')."
             )
-        self._record(torch.as_tensor(index))
-
-    def _record(self, index: torch.Tensor) -> None:
         with self._lock:
-            self._record_locked(index)
+            self._record_locked(torch.as_tensor(index))
 
     def _record_locked(self, index: torch.Tensor) -> None:
         self._log.record(index)
@@ -372,12 +374,22 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 self._undelivered.clear()
 
     def _check_buffer(self, storage: Storage) -> None:
-        """Warns when a buffer that drops the sampler's info samples through this sampler
-        (TorchRL storages list the buffers attached to them)."""
+        """Refuses a buffer with ``prefetch > 1`` and warns when a buffer that drops the
+        sampler's info samples through this sampler (TorchRL storages list the buffers
+        attached to them)."""
         for buffer in getattr(storage, "_attached_entities", ()):
-            if getattr(buffer, "_sampler", None) is self and not isinstance(
-                buffer, TensorDictReplayBuffer
-            ):
+            if getattr(buffer, "_sampler", None) is not self:
+                continue
+            prefetch = getattr(buffer, "_prefetch_cap", 0)
+            if prefetch > 1:
+                raise ValueError(
+                    f"StreamChunkSampler is sampled by a buffer with prefetch={prefetch}, whose "
+                    f"{prefetch} worker threads may run two samples out of order and break the "
+                    "streams (chunk k + 1 must continue chunk k). Build the buffer with "
+                    "prefetch=None or 1, and prefetch with ChunkPrefetcher(rb.sample), which "
+                    "keeps the order."
+                )
+            if not isinstance(buffer, TensorDictReplayBuffer):
                 warnings.warn(
                     f"StreamChunkSampler is sampled by a {type(buffer).__name__}, which returns "
                     "the data without the sampler's info: the chunks carry no "
@@ -407,6 +419,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
         if not slots.numel():
             return
+        try:
+            self._read_writes(storage, slots, stamps)
+        except Exception:  # the writes stay pending: a retry raises the same error
+            self._log.put_back(slots, stamps)
+            raise
+        for stream in self._streams:
+            stream.drop_stale(self._log.stamps)
+
+    def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
         data = storage[:]
         if not isinstance(data, TensorDictBase):
             raise TypeError(
@@ -422,8 +443,6 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             )
         alive = self._log.stamps[slots] == stamps
         self._tracker.update(data, slots, stamps, alive)
-        for stream in self._streams:
-            stream.drop_stale(self._log.stamps)
 
     def _newest_unrecorded(self, storage: Storage) -> int | None:
         """The slot written last into a storage that was full before the sampler saw it (its
