@@ -277,3 +277,10 @@ def test_close_returns_in_bounded_time_when_the_source_blocks():
         next(prefetcher)
     release.set()  # the call returns: the thread ends on its own
     assert wait_for_no_prefetch_thread()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_a_cuda_device_without_cuda_is_named():
+    with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
+        ChunkPrefetcher(counter(), device="cuda")
+    assert not prefetch_threads()

@@ -108,7 +108,8 @@ class ChunkPrefetcher:
     Raises:
         TypeError: ``source`` is neither callable nor iterable, or is a generator
             function (pass the generator it returns); ``depth`` not an int.
-        ValueError: ``depth`` < 1; ``pin_memory=True`` without an accelerator.
+        ValueError: ``depth`` < 1; a CUDA ``device`` without CUDA; ``pin_memory=True``
+            without an accelerator.
 
     Examples:
         >>> import torch
@@ -156,6 +157,11 @@ class ChunkPrefetcher:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}; pass depth=2 for double buffering.")
         self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r} but CUDA is not available here; pass device=None or 'cpu' "
+                "(or run where a CUDA device is)."
+            )
         on_cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.accelerator.is_available():
