@@ -237,3 +237,11 @@ def test_bad_input():
     with pytest.raises(TypeError, match="tensordict must be a TensorDict"):
         boundary_gae({"state_value": torch.ones(2, 1)}, gamma=0.9, lmbda=0.9)
 
+
+
+def test_empty_time_dimension_is_refused_and_empty_batch_runs():
+    empty_time = make_td(np.zeros((2, 0)), np.zeros((2, 0)), np.zeros((2, 0)), np.zeros((2, 0)))
+    with pytest.raises(ValueError, match=r"batch_size=\(2, 0\), an empty time dimension"):
+        boundary_gae(empty_time, gamma=0.9, lmbda=0.9)
+    empty_batch = make_td(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros((0, 3)))
+    assert boundary_gae(empty_batch, gamma=0.9, lmbda=0.9)["advantage"].shape == (0, 3, 1)

@@ -179,3 +179,16 @@ def test_collector_rollout_flags_and_stored_memory():
     assert memory[starts].abs().sum() == 0
     following = rollout["next", "mem"][:, index].reshape(-1, 4, 8)
     torch.testing.assert_close(memory[:, 1:][~starts[:, 1:]], following[:, :-1][~starts[:, 1:]])
+
+
+def test_a_tuple_of_keys_and_numpy_integers():
+    import numpy as np
+
+    rollout = rollout_from_episodes([[3, 4]])
+    rollout["critic", "h"] = torch.zeros(1, 7, 2)
+    keys = ("recurrent_state", ("critic", "h"))  # a tuple holding a tuple: two keys
+    windows = make_windows(rollout, np.int64(3), stride=np.int32(2), memory_key=keys)
+    assert windows.batch_size == (3, 3)  # starts 0, 2, 4 of T = 7
+    assert windows["step"].tolist() == [[0, 1, 2], [2, 3, 4], [4, 5, 6]]
+    with pytest.raises(ValueError, match=r"memory_key=\('critic', 'x'\) is not in the rollout"):
+        make_windows(rollout, 3, memory_key=("recurrent_state", ("critic", "x")))

@@ -475,7 +475,7 @@ def test_step_mode_writes_used_and_next_state_and_matches_sequence_mode(kind):
 
 def test_step_mode_without_state_or_batch_dims():
     module = ResetRNN(nn.LSTMCell(F, H))
-    td = module(TensorDict({"embed": torch.randn(F)}, []))
+    td = module(TensorDict({"embed": torch.randn(F), "is_first": torch.ones(1, dtype=torch.bool)}, []))
     assert td["features"].shape == (H,)
     assert td["recurrent_state", "h"].abs().sum() == 0  # no state in the input: zeros
     assert td["next", "recurrent_state", "c"].shape == (H,)
@@ -612,7 +612,7 @@ def test_module_cast_after_construction_builds_states_of_the_new_dtype():
     y_ref, _ = reference(rnn, x, is_first, carried, zeros)
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, y_ref)
-    step = module(TensorDict({"embed": x[:, 0], "is_first": is_first[:, 0, None]}, [B]))
+    step = module(TensorDict({"embed": x[:, 0], "is_first": torch.ones(B, 1)}, [B]))
     assert step["recurrent_state", "h"].dtype == torch.float64
     primer = module.make_tensordict_primer()
     assert primer.primers["recurrent_state", "c"].dtype == torch.float64
@@ -642,3 +642,64 @@ def test_missing_input_keys_are_named():
     learner = ResetRNN(nn.GRU(F, H, batch_first=True), reset_state_key="memory")
     with pytest.raises(ValueError, match="'memory'.*reset_state_key="):
         learner(chunk(x, is_first))
+
+
+def test_step_mode_refuses_a_missing_state_after_an_episode_start():
+    module = ResetRNN(nn.GRUCell(F, H))
+    x = torch.randn(3, F)
+    first = module(TensorDict({"embed": x, "is_first": torch.ones(3, 1, dtype=torch.bool)}, [3]))
+    assert first["recurrent_state"].abs().sum() == 0  # first step: no state needed
+    is_first = torch.tensor([[True], [False], [True]])
+    with pytest.raises(ValueError, match=r"'recurrent_state' is absent.*1 of 3 row.*make_tensordict_primer\(\)"):
+        module(TensorDict({"embed": x, "is_first": is_first}, [3]))
+    lstm = ResetRNN(nn.LSTMCell(F, H))
+    partial = TensorDict({"embed": x, "is_first": is_first, ("recurrent_state", "h"): torch.zeros(3, H)}, [3])
+    with pytest.raises(ValueError, match=r"\('recurrent_state', 'c'\) is absent"):
+        lstm(partial)
+
+
+def test_step_mode_refuses_missing_flags_and_names_is_init():
+    module = ResetRNN(nn.GRUCell(F, H))
+    td = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
+    with pytest.raises(ValueError, match=r"'is_first', absent.*is_first_key='is_init'.*InitTracker\(init_key='is_first'\)"):
+        module(td)
+    # with the key TorchRL's collector writes, the same input runs
+    assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
+
+
+def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
+    import copy
+
+    x, is_first = torch.randn(B, T, F), random_flags()
+    for carry in (True, False):
+        module = ResetRNN(nn.GRUCell(F, H), carry=carry)
+        members = [copy.deepcopy(module) for _ in range(2)]
+        for member in members:
+            nn.init.normal_(member.rnn.weight_hh)
+        params, buffers = torch.func.stack_module_state(members)
+
+        def member_features(p, b):
+            td = chunk(x, is_first)
+            return torch.func.functional_call(module, (p, b), (td,))["features"]
+
+        if carry:
+            with pytest.raises(ValueError, match=r"carry=True\) ran under a torch.func transform"):
+                torch.func.vmap(member_features)(params, buffers)
+            assert module._carry is None  # nothing transformed was kept
+            module(chunk(x, is_first))  # a plain call still runs
+        else:
+            y = torch.func.vmap(member_features)(params, buffers)
+            for k, member in enumerate(members):  # the reference: each member on its own
+                torch.testing.assert_close(y[k], member(chunk(x, is_first))["features"])
+
+
+@pytest.mark.parametrize("backend", ["loop", "packed", "scan"])
+def test_empty_time_is_refused_and_empty_batch_runs(backend):
+    rnn = MinGRUCell(F, H) if backend == "scan" else nn.LSTM(F, H, num_layers=2, batch_first=True)
+    with pytest.raises(ValueError, match=r"no time step \(shape \[2, 0, 3\], T = 0\)"):
+        rnn_with_resets(rnn, torch.randn(2, 0, F), torch.zeros(2, 0), backend=backend)
+    y, h = rnn_with_resets(rnn, torch.randn(0, T, F), torch.zeros(0, T), backend=backend)
+    assert y.shape == (0, T, H)
+    assert [tuple(s.shape) for s in (h if isinstance(h, tuple) else (h,))] == (
+        [(0, H)] if backend == "scan" else [(0, 2, H)] * 2
+    )

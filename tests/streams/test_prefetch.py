@@ -174,3 +174,113 @@ def test_a_generator_function_is_refused():
         ChunkPrefetcher(chunks)
     assert [c["k"].item() for c in ChunkPrefetcher(chunks())] == [0]
 
+
+
+def stream_buffer(replacement=True):
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(200),
+        sampler=StreamChunkSampler(
+            3, 4, replacement=replacement, generator=torch.Generator().manual_seed(2)
+        ),
+        batch_size=12,
+    )
+    done = torch.zeros(60, 1, dtype=torch.bool)
+    done[[6, 13, 14, 30, 41, 59]] = True
+    rb.extend(TensorDict({"obs": torch.arange(60), ("next", "done"): done}, [60]))
+    return rb
+
+
+def wait_until_full(prefetcher):
+    deadline = time.monotonic() + 5.0
+    while not prefetcher._queue.full() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)  # the worker has drawn one more chunk and waits to queue it
+    assert prefetcher._queue.full()
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_chunks_drawn_but_not_delivered_come_next_after_close(replacement):
+    # the reference: one uninterrupted run of plain samples (epochs of 5 chunks without
+    # replacement, so a new epoch is dealt among the chunks the prefetcher drew ahead)
+    direct = stream_buffer(replacement)
+    expected = [direct.sample()["obs"] for _ in range(12)]
+    rb = stream_buffer(replacement)
+    got = []
+    for _ in range(2):  # two loops, as a training script run twice over one buffer
+        with ChunkPrefetcher(rb.sample, depth=3) as chunks:
+            got += [next(chunks)["obs"] for _ in range(4)]
+            wait_until_full(chunks)  # 4 more chunks drawn, never delivered
+    got += [rb.sample()["obs"] for _ in range(4)]
+    for want, have in zip(expected, got, strict=True):
+        assert (want == have).all()
+
+
+def test_state_saved_while_a_prefetcher_runs_resumes_after_the_last_delivered_chunk():
+    direct = stream_buffer()
+    expected = [direct.sample()["obs"] for _ in range(6)]
+    rb = stream_buffer()
+    with ChunkPrefetcher(rb.sample, depth=2) as chunks:
+        assert (next(chunks)["obs"] == expected[0]).all()
+        assert (next(chunks)["obs"] == expected[1]).all()
+        wait_until_full(chunks)
+        state = rb.state_dict()
+        sampler_state = rb.sampler.state_dict()
+        assert (next(chunks)["obs"] == expected[2]).all()
+    for saved in (state, {**state, "_sampler": sampler_state}):
+        resumed = stream_buffer()
+        resumed.sampler._generator = torch.Generator().manual_seed(99)  # restored from state
+        resumed.load_state_dict(saved)
+        for want in expected[2:]:
+            assert (resumed.sample()["obs"] == want).all()
+
+
+def test_an_iterable_replay_buffer_source_is_taken_back_too():
+    direct = stream_buffer(replacement=False)
+    expected = list(direct)  # one epoch
+    rb = stream_buffer(replacement=False)
+    with ChunkPrefetcher(rb, depth=2) as chunks:
+        first = next(chunks)
+        wait_until_full(chunks)
+    rest = list(rb)
+    assert len(rest) == len(expected) - 1
+    for want, have in zip(expected, [first, *rest]):
+        assert (want["obs"] == have["obs"]).all()
+
+
+def test_a_dropped_prefetcher_takes_back_its_chunks():
+    direct = stream_buffer()
+    expected = [direct.sample()["obs"] for _ in range(4)]
+    rb = stream_buffer()
+    prefetcher = ChunkPrefetcher(rb.sample, depth=2)
+    assert (next(prefetcher)["obs"] == expected[0]).all()
+    wait_until_full(prefetcher)
+    del prefetcher
+    gc.collect()
+    assert wait_for_no_prefetch_thread()
+    for want in expected[1:]:
+        assert (rb.sample()["obs"] == want).all()
+
+
+def test_close_returns_in_bounded_time_when_the_source_blocks():
+    release = threading.Event()
+
+    def stuck_source():  # e.g. a queue no longer fed
+        release.wait()
+        return TensorDict({"k": torch.tensor(0)}, [])
+
+    prefetcher = ChunkPrefetcher(stuck_source, depth=1)
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match=r"still inside a source call after 0.2 s"):
+        prefetcher.close(timeout=0.2)
+    assert time.monotonic() - start < 2.0
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    release.set()  # the call returns: the thread ends on its own
+    assert wait_for_no_prefetch_thread()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_a_cuda_device_without_cuda_is_named():
+    with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
+        ChunkPrefetcher(counter(), device="cuda")
+    assert not prefetch_threads()

@@ -289,6 +289,64 @@ def test_storage_filled_before_the_sampler_is_read_in_slot_order():
     assert sorted(set(chunk["episode"][0].tolist())) == [-8, -5]  # stamped before any write
 
 
+def test_wrapped_storage_filled_before_the_sampler_is_read_in_time_order():
+    # 14 steps in 10 slots: slots 0-3 hold steps 10-13, slots 4-9 steps 4-9. In time order
+    # (from slot 4) the storage holds episode 1 (steps 4-6), 2 (7-11) and 3 (12-13) whole;
+    # in slot order steps 10-11 would pass for a whole episode and 7-9 would never end.
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(episodes([4, 3, 5, 2]))
+    sampler = StreamChunkSampler(1, 10, replacement=False, step_key="step")
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=10)
+    chunk = rb.sample()
+    assert sorted(chunk["obs"][0].tolist()) == list(range(4, 14))
+    assert chunk["step"].tolist() == chunk["k"].tolist()
+    assert (chunk["is_first"].squeeze(-1) == (chunk["k"] == 0)).all()
+
+
+def test_wrapped_storage_written_again_before_the_first_sample_is_refused():
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(episodes([4, 3, 5, 2]))
+    rb = TensorDictReplayBuffer(
+        storage=storage, sampler=StreamChunkSampler(1, 4), batch_size=4
+    )
+    rb.extend(episodes([2], first_obs=100))
+    with pytest.raises(ValueError, match=r"time order of the 8 step\(s\).*Sample once before"):
+        rb.sample()
+
+
+def test_end_flags_warn_when_more_than_the_capacity_is_written_between_samples():
+    # 24 steps into 10 slots in one go: steps 14-23 survive. Step 14 starts episode 3
+    # (steps 14-18), but the end flag of step 13 is gone, so that episode is dropped,
+    # loudly; episode 4 (steps 19-23) is drawn.
+    rb = buffer(1, 5, capacity=10, replacement=False)
+    rb.extend(episodes([4, 5, 5, 5, 5]))
+    with pytest.warns(UserWarning, match=r"14 step\(s\) were overwritten.*starts an episode"):
+        chunk = rb.sample()
+    assert chunk["obs"][0].tolist() == [19, 20, 21, 22, 23]
+    assert rb.sampler.ran_out  # the epoch held that one episode only
+
+
+def test_rows_a_writer_skips_are_not_recorded_as_writes():
+    from torchrl.data import TensorDictMaxValueWriter
+
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(4),
+        sampler=StreamChunkSampler(1, 2, replacement=False),
+        writer=TensorDictMaxValueWriter(rank_key="score"),
+        batch_size=2,
+    )
+    data = episodes([2, 2])
+    data["score"] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    rb.extend(data)  # slots 0-3 hold the two episodes
+    low = episodes([1], first_obs=50)
+    low["score"] = torch.tensor([0.0])  # below every stored score: not written, index -1
+    with pytest.warns(UserWarning, match=r"stored only 0 of 1 written rows"):
+        rb.extend(low)
+    chunks = [rb.sample()["obs"][0].tolist() for _ in range(2)]
+    assert sorted(chunks) == [[0, 1], [2, 3]]  # slot 3's episode is still drawn
+    assert rb.sampler.add(None) is None  # rb.add of a skipped row hands the sampler None
+
+
 def test_trajectory_ids_delimit_episodes():
     data = episodes([3, 5, 2])
     del data["next", "done"]
@@ -375,6 +433,37 @@ def test_missing_end_key_and_non_bool_flags():
     rb = buffer(1, 2)
     rb.extend(data.set(("next", "done"), data["next", "done"].long()))
     with pytest.raises(TypeError, match="must hold bool flags, got dtype torch.int64"):
+        rb.sample()
+    with pytest.raises(TypeError, match="must hold bool flags"):  # the writes were kept
+        rb.sample()
+
+
+def test_multi_dimensional_done_flags_are_refused():
+    rb = buffer(1, 2)
+    data = episodes([3])
+    data["next", "done"] = data["next", "done"].expand(3, 5).unsqueeze(-1)  # [N, 5, 1]
+    rb.extend(data)
+    with pytest.raises(ValueError, match=r"one flag per step, shaped \[N\] or \[N, 1\], got \[5, 1\]"):
+        rb.sample()
+
+
+def test_two_dimensional_storage_is_refused_at_the_first_write():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100, ndim=2), sampler=StreamChunkSampler(1, 4), batch_size=4
+    )
+    batch = torch.stack([episodes([5]), episodes([5])])  # [num_envs, T], a collector's layout
+    with pytest.raises(ValueError, match=r"multi-dimensional write index.*ndim=2.*reshape\(-1\)"):
+        rb.extend(batch)
+    assert rb.sampler._log.clock == 0  # nothing recorded
+
+
+def test_buffer_prefetch_above_one_is_refused():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=StreamChunkSampler(1, 4), batch_size=4,
+        prefetch=2,
+    )
+    rb.extend(episodes([5, 5]))
+    with pytest.raises(ValueError, match=r"prefetch=2.*out of order.*ChunkPrefetcher"):
         rb.sample()
 
 

@@ -109,8 +109,9 @@ def boundary_gae(
     Raises:
         TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, or
             ``gamma``/``lmbda`` is not a real number.
-        ValueError: no batch dimension, ``gamma``/``lmbda`` outside ``[0, 1]``, a
-            required key missing, or an entry not shaped ``[*B, T, 1]``.
+        ValueError: no batch dimension or an empty time dimension (``T = 0``),
+            ``gamma``/``lmbda`` outside ``[0, 1]``, a required key missing, or an entry
+            not shaped ``[*B, T, 1]``.
 
     Examples:
         >>> import torch
@@ -135,6 +136,11 @@ def boundary_gae(
         raise ValueError(
             f"tensordict has batch_size={tuple(tensordict.batch_size)}; it needs time as its "
             "last batch dimension, e.g. batch_size=[num_envs, T]."
+        )
+    if tensordict.batch_size[-1] == 0:
+        raise ValueError(
+            f"tensordict has batch_size={tuple(tensordict.batch_size)}, an empty time "
+            "dimension (T = 0): there is no step to compute advantages for; skip empty batches."
         )
     for name, coeff in (("gamma", gamma), ("lmbda", lmbda)):
         if isinstance(coeff, bool) or not isinstance(coeff, numbers.Real):

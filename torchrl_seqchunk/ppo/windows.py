@@ -1,6 +1,7 @@
 """Fixed-length training windows cut from on-policy rollouts, with per-slot reset flags."""
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -56,7 +57,8 @@ def make_windows(
     Keyword Args:
         memory_key (NestedKey or list of NestedKey): stored memory entries that must
             be present (pass ``rnn.state_keys`` of the actor and critic, for
-            instance). Defaults to ``"recurrent_state"``.
+            instance). A tuple of strings is one nested key; a tuple holding
+            tuples, like a list, is several keys. Defaults to ``"recurrent_state"``.
         is_first_key (NestedKey): episode-start flag of the rollout, overwritten
             with the per-slot reset flag. Defaults to ``"is_first"``.
         done_key, terminated_key, truncated_key (NestedKey): episode-end flags;
@@ -71,7 +73,7 @@ def make_windows(
 
     Raises:
         TypeError: ``rollout`` is not a TensorDict, ``window``/``stride`` are not
-            ints, or a flag is not bool ``[num_envs, T, 1]``.
+            integers (``int`` or numpy integers), or a flag is not bool ``[num_envs, T, 1]``.
         ValueError: ``rollout`` is not ``[num_envs, T]``, ``window`` outside
             ``[1, T]``, ``stride < 1``, or a memory or done entry is missing.
 
@@ -106,13 +108,17 @@ def make_windows(
         )
     num_envs, steps = rollout.batch_size
     for name, value, low, high in (("window", window, 1, steps), ("stride", stride, 1, None)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r}.")
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int (or a numpy integer), got {value!r}.")
         if value < low or (high is not None and value > high):
             bound = f"in [1, T={steps}] (T: rollout time steps)" if high else ">= 1"
             raise ValueError(f"{name} must be {bound}, got {name}={value}.")
+    window, stride = int(window), int(stride)
 
-    memory_keys = [memory_key] if isinstance(memory_key, (str, tuple)) else list(memory_key)
+    one_key = isinstance(memory_key, str) or (
+        isinstance(memory_key, tuple) and all(isinstance(part, str) for part in memory_key)
+    )
+    memory_keys = [memory_key] if one_key else list(memory_key)
     for key in memory_keys:
         if rollout.get(key, None) is None:
             raise ValueError(

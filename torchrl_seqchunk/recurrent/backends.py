@@ -150,6 +150,8 @@ def _packed(rnn, x, reset, h0, reset_value):
             "use backend='loop' for cells."
         )
     batch, time = reset.shape
+    if not batch:  # no row to pack: one native call over the empty batch
+        return _loop_segments(rnn, x, reset, h0, reset_value, [0, time])
     starts = reset.clone()
     starts[:, 0] = True
     starts = starts.reshape(-1)
@@ -235,6 +237,11 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
     broadcastable to ``[B, T, *S]``; returns ``(y entries, h_last tuple)``.
     """
     batch, time = reset.shape
+    if not time:
+        raise ValueError(
+            f"x has no time step (shape {list(x.shape)}, T = 0): an unroll needs T >= 1; "
+            "skip empty chunks before calling."
+        )
     for h, shape in zip(h0, layout.shapes):
         if h.shape != (batch, *shape):
             raise ValueError(

@@ -76,8 +76,8 @@ def rnn_with_resets(
         TypeError: unsupported ``rnn``, a backend that cannot run it (``packed``
             for a cell, ``scan`` for a cell without ``linear_coefficients``), or
             non-tensor inputs.
-        ValueError: wrong shapes, TensorDict states whose keys differ, unknown
-            ``backend``, a bidirectional ``rnn``.
+        ValueError: wrong shapes (also ``T = 0``; ``B = 0`` is fine), TensorDict
+            states whose keys differ, unknown ``backend``, a bidirectional ``rnn``.
 
     Examples:
         >>> import torch

@@ -33,10 +33,13 @@ class ResetRNN(TensorDictModuleBase):
       ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
       (for a TensorDict state, every entry under ``(*out_key, name)``).
     * **Step mode** (``batch_dims <= 1``, acting in a collector): reads the
-      previous state from the state keys (initial state where absent), resets
-      rows where ``is_first``, writes the state it used into the root state keys
-      (so a replay buffer stores the memory the agent had at each step), the new
-      state into ``("next", *state_key)`` and the output into ``out_key``.
+      previous state from the state keys, resets rows where ``is_first``, writes
+      the state it used into the root state keys (so a replay buffer stores the
+      memory the agent had at each step), the new state into
+      ``("next", *state_key)`` and the output into ``out_key``. The flags are
+      required (as in TorchRL's ``LSTMModule``); the state may be absent only
+      where every row starts an episode (the very first step), elsewhere a
+      missing state is an error rather than a silent restart from zeros.
 
     State layout (see :attr:`state_keys`, :attr:`state_shapes`): a tensor state
     (``nn.GRU`` ``[num_layers, H]``, ``nn.GRUCell`` / :class:`MinGRUCell` ``[H]``)
@@ -80,7 +83,10 @@ class ResetRNN(TensorDictModuleBase):
     Raises:
         TypeError / ValueError: unsupported ``rnn`` or bad option values (at
             construction); bad shapes, or a carried state whose batch differs from
-            the input while some ``is_first[:, 0]`` is False (at call time).
+            the input while some ``is_first[:, 0]`` is False, or ``carry=True`` under a
+            ``torch.func`` transform such as ``vmap`` (at call time); in step
+            mode, no ``is_first_key`` entry, or a state entry absent while some row
+            is not at an episode start (append :meth:`make_tensordict_primer`).
 
     Examples:
         >>> import torch
@@ -274,6 +280,14 @@ class ResetRNN(TensorDictModuleBase):
             reset_state = None if self.initial is None else tuple(self.initial)
         y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
         if self.carry:
+            if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
+                raise ValueError(
+                    "ResetRNN(carry=True) ran under a torch.func transform (vmap, grad, e.g. an "
+                    "ensemble through functional_call): keeping its final state would store a "
+                    "transformed tensor, which fails on the next plain call. Build the module "
+                    "with carry=False for transformed calls (the state then starts at "
+                    "is_first, from the initial state or reset_state_key), or call it plainly."
+                )
             self._carry = tuple(h.detach() for h in h_last)
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
@@ -285,18 +299,30 @@ class ResetRNN(TensorDictModuleBase):
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         initial = self._initial_state(batch, x.device)
-        keys = rows.keys(include_nested=True)
-        if all(k in keys for k in self.state_keys):
-            state = tuple(rows.get(k) for k in self.state_keys)
-        else:
-            state = initial
         is_first = rows.get(self.is_first_key, None)
-        if is_first is not None:
-            reset = _reset_mask(is_first, (batch,), "is_first")
-            state = tuple(
-                torch.where(reset.view(-1, *([1] * len(s))), i, h)
-                for h, i, s in zip(state, initial, self.state_shapes)
+        if is_first is None:
+            raise ValueError(
+                f"step mode needs the episode-start flags {self.is_first_key!r}, absent from the "
+                f"input (its keys: {sorted(map(str, rows.keys(True, True)))}). TorchRL's "
+                "collector adds an InitTracker() writing 'is_init': pass is_first_key='is_init', "
+                f"or add InitTracker(init_key={self.is_first_key!r}) to the env."
             )
+        reset = _reset_mask(is_first, (batch,), "is_first")
+        keys = rows.keys(include_nested=True)
+        missing = [k for k in self.state_keys if k not in keys]
+        if missing and not bool(reset.all()):
+            raise ValueError(
+                f"state entry {missing[0]!r} is absent at a step that is not an episode start "
+                f"({int((~reset).sum())} of {batch} row(s) have {self.is_first_key!r} False): "
+                "the memory would restart from the initial state at every step. Append "
+                "module.make_tensordict_primer() to the env (TransformedEnv) so that the state "
+                "travels from step to step, also through SerialEnv / ParallelEnv."
+            )
+        state = initial if missing else tuple(rows.get(k) for k in self.state_keys)
+        state = tuple(
+            torch.where(reset.view(-1, *([1] * len(s))), i, h)
+            for h, i, s in zip(state, initial, self.state_shapes)
+        )
         no_reset = torch.zeros(batch, 1, dtype=torch.bool, device=x.device)
         y, new = _unroll(self.rnn, x.unsqueeze(1), no_reset, state, None, self._layout, "loop")
         for key, used, nxt in zip(self.state_keys, state, new):

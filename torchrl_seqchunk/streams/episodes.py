@@ -35,7 +35,7 @@ class _WriteLog:
     Stamps grow with every write, so a slot whose stamp is ``>= t`` was rewritten after
     the moment the clock read ``t``. ``pending`` keeps the writes not yet read by the
     tracker. Slots filled before any write was recorded (a storage handed to the sampler
-    already filled) count as written in slot order before everything else.
+    already filled) count as written before everything else, in the storage's time order.
     """
 
     def __init__(self):
@@ -47,6 +47,16 @@ class _WriteLog:
 
     def record(self, index: torch.Tensor) -> None:
         index = index.reshape(-1).to("cpu", torch.long)
+        skipped = index < 0  # rows a writer did not store (TensorDictMaxValueWriter: -1)
+        if skipped.any():
+            warnings.warn(
+                f"the writer stored only {int((~skipped).sum())} of {index.numel()} written rows "
+                "(index -1 for the others, e.g. TensorDictMaxValueWriter): the sampler reads "
+                "the stored steps as consecutive, so an episode that lost a step is drawn "
+                "without it. Use a writer that stores every step (RoundRobinWriter) for streams.",
+                stacklevel=2,
+            )
+            index = index[~skipped]
         if not index.numel():  # an empty write
             return
         self._grow(int(index.max()) + 1)
@@ -62,12 +72,22 @@ class _WriteLog:
             grown[: self.stamps.numel()] = self.stamps
             self.stamps = grown
 
-    def take_pending(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots ``[0, size)`` written since the last call, in write order, with their stamps."""
+    def put_back(self, slots: torch.Tensor, stamps: torch.Tensor) -> None:
+        """Returns what :meth:`take_pending` gave to the pending writes (a read that failed)."""
+        self.pending.insert(0, (slots, stamps))
+
+    def take_pending(self, size: int, newest: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots ``[0, size)`` written since the last call, in write order, with their stamps.
+
+        Slots filled without a recorded write count as written before everything else, in
+        ring order after ``newest`` (the slot a wrapped storage wrote last), else slot order.
+        """
         self._grow(size)
         unknown = []
         if self.known < size:  # slots filled without a recorded write: older than every write
             unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
+            if newest is not None:
+                unknown = unknown[((unknown - newest - 1) % size).argsort()]
         if len(unknown):
             self.known += unknown.numel()
             self.origin -= unknown.numel()
@@ -186,36 +206,15 @@ class _EpisodeTracker:
 
     def update(self, data: TensorDictBase, slots, stamps, alive) -> None:
         """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
-        False where a slot was written again since (that step is lost)."""
-        if self.owner.numel() < data.shape[0]:
-            grown = torch.full((data.shape[0],), -1, dtype=torch.long)
-            grown[: self.owner.numel()] = self.owner
-            self.owner = grown
-        open_by_id = {entry.id: (key, entry) for key, entry in self.open.items()}
-        losing = []  # open (key, entry) losing steps
-        previous, lost = self.owner[slots.unique()].unique(return_counts=True)
-        for episode, count in zip(previous.tolist(), lost.tolist()):  # episodes losing steps
-            if episode in open_by_id:
-                key, entry = open_by_id[episode]
-                entry.whole, entry.parts = False, []
-                entry.stored -= count
-                losing.append((key, entry))
-            elif episode in self.episodes:
-                self.episodes.remove(episode)
+        False where a slot was written again since (that step is lost). The data is
+        checked before anything changes, so after an error the tracker is as it was."""
         # keep the stored steps; an episode with lost steps before one of them is not whole
         lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
         ends = self._read(data, self.end_key, slots[alive], required=self.traj_key is None)
         stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
-        if stitch and not alive.all():  # a lost step may be any trajectory's
-            lost_before = (~alive).cumsum(0)[alive] > 0  # none written after it is whole
-            warnings.warn(
-                f"{int((~alive).sum())} step(s) were overwritten before any sample read them "
-                "(more than the storage capacity written between two samples); their "
-                "trajectories are unknown, so one that continues in a later write may be drawn "
-                "as if it started there. Sample more often or raise the capacity.",
-                stacklevel=2,
-            )
-        slots, stamps = slots[alive], stamps[alive]
+        if stitch:  # a lost step may be any trajectory's: none written after it is whole
+            lost_before = (~alive).cumsum(0)[alive] > 0
+        written, slots, stamps = slots, slots[alive], stamps[alive]
         if ends is None:
             ends = torch.zeros(slots.numel(), dtype=torch.bool)
         elif ends.dtype != torch.bool:
@@ -224,13 +223,49 @@ class _EpisodeTracker:
                 "store done flags as torch.bool (TorchRL's convention) or cast them before "
                 "rb.extend."
             )
-        ends = ends.reshape(slots.numel(), -1).any(-1)  # last step of an episode
+        if ends.shape[1:].numel() != 1:
+            raise ValueError(
+                f"end_key {self.end_key!r} must hold one flag per step, shaped [N] or [N, 1], "
+                f"got {list(ends.shape[1:])} per step; store the step's own done flag (as "
+                "TorchRL's samplers require), not a reduction of several."
+            )
+        ends = ends.reshape(-1)  # last step of an episode
         if self.traj_key is None:
             self._check_not_interleaved(data, slots, ends, lost_before)
-        cut_after, traj = ends.clone(), None  # cut_after: last step of a run of one episode
-        if self.traj_key is not None:
+            traj = None
+        else:
             traj = self._read(data, self.traj_key, slots, required=True)
             traj = traj.reshape(slots.numel(), -1)
+        if not alive.all():
+            unknown = (  # with end flags alone, the end flag of the last lost step is gone
+                "their trajectories are unknown, so every episode written after them in that "
+                "stretch is dropped" if stitch else "whether the first step stored after them "
+                "starts an episode is unknown, so the episode holding it is dropped even if "
+                "it is whole"
+            )
+            warnings.warn(
+                f"{int((~alive).sum())} step(s) were overwritten before any sample read them "
+                f"(more than the storage capacity written between two samples); {unknown}. "
+                "Sample more often or raise the capacity.",
+                stacklevel=2,
+            )
+        if self.owner.numel() < data.shape[0]:
+            grown = torch.full((data.shape[0],), -1, dtype=torch.long)
+            grown[: self.owner.numel()] = self.owner
+            self.owner = grown
+        open_by_id = {entry.id: (key, entry) for key, entry in self.open.items()}
+        losing = []  # open (key, entry) losing steps
+        previous, lost = self.owner[written.unique()].unique(return_counts=True)
+        for episode, count in zip(previous.tolist(), lost.tolist()):  # episodes losing steps
+            if episode in open_by_id:
+                key, entry = open_by_id[episode]
+                entry.whole, entry.parts = False, []
+                entry.stored -= count
+                losing.append((key, entry))
+            elif episode in self.episodes:
+                self.episodes.remove(episode)
+        cut_after = ends.clone()  # cut_after: last step of a run of one episode
+        if traj is not None:
             cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
             if not stitch:  # the id alone delimits episodes
                 if self.open and (traj[0] != self.last_traj).any():

@@ -4,9 +4,13 @@ from __future__ import annotations
 import inspect
 import queue
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterable
 
 import torch
+
+from .sampler import _prefetching
 
 __all__ = ["ChunkPrefetcher"]
 
@@ -18,9 +22,12 @@ class _Failure:
         self.error = error
 
 
-def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device) -> None:
+def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device, drawn) -> None:
     """The worker loop. It holds no reference to its :class:`ChunkPrefetcher`, so a
-    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it."""
+    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it.
+    Each chunk travels with the list of the samplers that drew it; ``drawn`` collects
+    them all, to take back what was never delivered when the prefetcher is closed or
+    dropped."""
 
     def put(item) -> None:
         while not stop.is_set():
@@ -32,18 +39,30 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
 
     try:
         while not stop.is_set():
+            samplers = _prefetching.samplers = []
             try:
                 chunk = next_chunk()
             except StopIteration:
                 put(_DONE)
                 return
+            finally:
+                _prefetching.samplers = None
+                drawn.update((id(sampler), sampler) for sampler in samplers)
             if pin_memory:
                 chunk = chunk.pin_memory()
             if device is not None:
                 chunk = chunk.to(device, non_blocking=True)
-            put(chunk)
+            put((chunk, samplers))
     except BaseException as error:  # handed to the consumer
         put(_Failure(error))
+    finally:
+        if stop.is_set():  # closed or dropped: nothing queued will be delivered
+            _take_back(drawn)
+
+
+def _take_back(drawn: dict) -> None:
+    for sampler in drawn.values():
+        sampler._rewind()
 
 
 class ChunkPrefetcher:
@@ -62,12 +81,19 @@ class ChunkPrefetcher:
     source is exhausted; a callable source never ends. An exception raised in the worker
     is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
     :meth:`close` (also on leaving a ``with`` block) stops and joins the thread and ends
-    the iteration, also for a consumer waiting in another thread; a prefetcher dropped
+    the iteration, also for a consumer waiting in another thread, within a bounded time
+    (a source call that blocks is left behind with a warning); a prefetcher dropped
     without it stops its thread when garbage-collected.
 
-    The worker runs up to ``depth + 1`` chunks ahead of the consumer, so a sampler state
-    saved while it runs is ahead by the chunks prepared but not yet consumed; a resumed
-    run skips those. For an exact resume, save the state where no prefetcher is running.
+    The worker runs up to ``depth + 1`` chunks ahead of the consumer. A
+    :class:`~torchrl_seqchunk.StreamChunkSampler` that drew chunks for it (through
+    ``rb.sample``, ``rb`` or any callable calling them in the worker thread) keeps its
+    stream state from before each chunk not yet delivered: :meth:`close` puts the sampler
+    back where it stood after the last delivered chunk, so the next consumer (another
+    prefetcher or a plain ``rb.sample()``) gets the undelivered chunks first and every
+    stream continues the last chunk consumed (steps overwritten meanwhile are dropped as
+    usual); its ``state_dict`` saved while the prefetcher runs is that state too. Chunks of
+    other sources that were prepared but not delivered are dropped on close.
 
     Args:
         source (callable or iterable): where chunks come from.
@@ -82,7 +108,8 @@ class ChunkPrefetcher:
     Raises:
         TypeError: ``source`` is neither callable nor iterable, or is a generator
             function (pass the generator it returns); ``depth`` not an int.
-        ValueError: ``depth`` < 1; ``pin_memory=True`` without an accelerator.
+        ValueError: ``depth`` < 1; a CUDA ``device`` without CUDA; ``pin_memory=True``
+            without an accelerator.
 
     Examples:
         >>> import torch
@@ -130,6 +157,11 @@ class ChunkPrefetcher:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}; pass depth=2 for double buffering.")
         self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r} but CUDA is not available here; pass device=None or 'cpu' "
+                "(or run where a CUDA device is)."
+            )
         on_cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.accelerator.is_available():
@@ -141,9 +173,10 @@ class ChunkPrefetcher:
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
+        self._drawn = {}  # id -> every StreamChunkSampler that drew a chunk for the worker
         self._thread = threading.Thread(
             target=_work,
-            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device),
+            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device, self._drawn),
             name="ChunkPrefetcher",
             daemon=True,
         )
@@ -162,17 +195,38 @@ class ChunkPrefetcher:
             if isinstance(item, _Failure):
                 raise item.error
             raise StopIteration
-        return item
+        chunk, samplers = item
+        for sampler in samplers:
+            sampler._delivered()
+        return chunk
 
-    def close(self) -> None:
-        """Stops the worker and joins it; chunks still queued are dropped."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the worker and joins it; the samplers that drew chunks still queued take
+        them back (see the class docstring), other sources' are dropped.
+
+        Args:
+            timeout (float): seconds to wait for a worker stuck in a source call (one
+                that blocks, e.g. on a queue no longer fed). Past it, ``close`` returns
+                with a warning and leaves the daemon thread to end when that call
+                returns (its sampler's chunks are then taken back). Defaults to ``5.0``.
+        """
         self._stop.set()
-        while self._thread.is_alive():
-            try:
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:  # unblocks a worker waiting to queue a chunk
                 self._queue.get(timeout=0.05)
             except queue.Empty:
                 pass
-        self._thread.join()
+        if self._thread.is_alive():
+            warnings.warn(
+                f"ChunkPrefetcher.close: the worker is still inside a source call after "
+                f"{timeout} s (the source blocks); it is left running as a daemon thread and "
+                "ends when that call returns, dropping its chunk (a StreamChunkSampler takes "
+                "its chunks back then). Unblock the source, or pass a longer timeout.",
+                stacklevel=2,
+            )
+        else:  # also when the worker ended first (source exhausted, error)
+            _take_back(self._drawn)
         self._finished = True
         try:  # the worker's last put may have landed
             while True:

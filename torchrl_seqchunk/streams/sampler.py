@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import heapq
 import numbers
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,9 @@ from .episodes import _as_long, _EpisodeTracker, _WriteLog
 
 __all__ = ["StreamChunkSampler"]
 
-
+# Set by a ChunkPrefetcher's worker thread before it asks for a chunk: a list that every
+# StreamChunkSampler drawing that chunk joins (so the chunk can be handed back on close).
+_prefetching = threading.local()
 
 class _Segment:
     """An episode in a stream queue, or what is left of it.
@@ -139,10 +142,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     emitted; the stream drops the rest of that episode and its next step is an episode
     start. The sampler learns about writes through the replay buffer's ``extend``/``add``
     calls (write through the buffer, not the storage); a storage that was already filled
-    when the sampler first saw it is read in slot order. It reads the new steps at the next
-    sample, so with ``traj_key`` write at most the capacity between two samples: a step
-    overwritten before it was read belongs to an unknown trajectory, so the episodes
-    written after it in that stretch are dropped, with a warning. An episode still being
+    when the sampler first saw it is read in time order, a wrapped ring from the slot after
+    its cursor (refused when the buffer wrote into a full storage before the sampler first
+    saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
+    ``TensorDictMaxValueWriter``) are not steps of the storage (with a warning). It reads
+    the new steps at the next sample, so write at most the capacity between two samples:
+    a step overwritten before it was read belongs to an unknown trajectory (with
+    ``traj_key``: the episodes written after it in that stretch are dropped) or hides
+    whether the next stored step starts an episode (end flags alone: the episode holding
+    that step is dropped), with a warning in both cases. An episode still being
     written is forgotten once none of its steps is stored (a trajectory that never ends,
     e.g. cut by a collector's ``reset_at_each_iter``, keeps nothing), so the bookkeeping
     stays within the capacity; should its trajectory id come back after that, the new
@@ -157,9 +165,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     runs exactly one epoch; the next :meth:`sample` starts a new one. A write that
     overwrites every step still queued ends the epoch there (:attr:`ran_out` turns True).
 
-    The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. Do not use it with the
-    replay buffer's ``prefetch > 1``, whose worker threads may run two samples out of
-    order; use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order.
+    The sampler is stateful: chunk ``k + 1`` continues chunk ``k``. It refuses the replay
+    buffer's ``prefetch > 1``, whose worker threads may run two samples out of order (a
+    deliberate difference from TorchRL's samplers, which accept it); use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
+    closed, hands back the chunks it drew but did not deliver (they come next).
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
     generator state, so a resumed run emits the same chunks as an uninterrupted one.
 
@@ -195,7 +204,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
             ``torch.Generator``.
         ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
-            ``num_streams * seq_len``; a storage that is not one-dimensional, lacks
+            ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
+            not one-dimensional (at its first write), lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
             an episode is longer than the storage); a state dict for other sizes.
 
@@ -253,22 +263,29 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
         self.episode_key, self.step_key, self.mask_key = episode_key, step_key, mask_key
         self._generator = generator
+        self._lock = threading.RLock()  # a ChunkPrefetcher samples in its own thread
         self._empty()
 
     # ----------------------------------------------------------------- replay-buffer hooks
-    def add(self, index: int) -> None:
-        self._record(torch.as_tensor(index))
+    def add(self, index: int | None) -> None:
+        if index is not None:  # None: the writer kept nothing (TensorDictMaxValueWriter)
+            self._record(index)
 
     def extend(self, index: torch.Tensor) -> None:
-        if isinstance(index, tuple):
+        self._record(index)
+
+    def _record(self, index) -> None:
+        if isinstance(index, tuple) or torch.as_tensor(index).dim() > 1:
             raise ValueError(
                 "StreamChunkSampler needs a one-dimensional storage, got a multi-dimensional "
-                "write index; flatten [num_envs, T] data to steps in time order per env before "
-                "rb.extend, or use one storage dimension."
+                "write index (a storage built with ndim=2, [envs, time]); build the storage "
+                "with ndim=1 and write collector batches flat, rb.extend(batch.reshape(-1)), "
+                "with traj_key=('collector', 'traj_ids')."
             )
-        self._record(torch.as_tensor(index))
+        with self._lock:
+            self._record_locked(torch.as_tensor(index))
 
-    def _record(self, index: torch.Tensor) -> None:
+    def _record_locked(self, index: torch.Tensor) -> None:
         self._log.record(index)
         if not self.replacement and any(stream.unread for stream in self._streams):
             for stream in self._streams:  # the epoch ends if the write leaves nothing to read
@@ -282,6 +299,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
         self._remaining_batches = torch.iinfo(torch.int64).max if self.replacement else 0
+        self._undelivered = collections.deque()  # stream state before each chunk a
+        # ChunkPrefetcher drew but has not delivered yet, oldest first
 
     @property
     def ran_out(self) -> bool:
@@ -315,34 +334,62 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"{batch_size}; build the replay buffer with batch_size={B * T}."
             )
         self._check_buffer(storage)
-        self._sync(storage)
-        if not len(self._tracker):
-            raise ValueError(
-                f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}episode "
-                f"in the storage: it holds {len(storage)} step(s) of capacity "
-                f"{storage.max_size} and no whole episode ends in it ({self._end_rule(storage)})."
-                " Write whole episodes before sampling, or pass "
-                "only_complete=False to draw the episode still being written; an episode "
-                "longer than the storage capacity can never be stored whole, so raise the "
-                "capacity."
-            )
-        if self.replacement:
-            for stream in self._streams:
-                while stream.unread < T:
-                    episode, slots = self._tracker.draw(self.generator)
-                    stream.push(_Segment(slots, episode, 0, self._log.clock))
-        elif all(stream.unread == 0 for stream in self._streams):
-            self._deal_epoch()
-        rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
-        return self._chunk(rows)
+        with self._lock:
+            self._sync(storage)
+            if not len(self._tracker):
+                raise ValueError(
+                    f"StreamChunkSampler found no {'complete ' if self.only_complete else ''}"
+                    f"episode in the storage: it holds {len(storage)} step(s) of capacity "
+                    f"{storage.max_size} and no whole episode ends in it "
+                    f"({self._end_rule(storage)}). Write whole episodes before sampling, or "
+                    "pass only_complete=False to draw the episode still being written; an "
+                    "episode longer than the storage capacity can never be stored whole, so "
+                    "raise the capacity."
+                )
+            prefetcher = getattr(_prefetching, "samplers", None)
+            if prefetcher is not None:  # drawn ahead: keep the state to go back to
+                self._undelivered.append(self._stream_state())
+                prefetcher.append(self)
+            if self.replacement:
+                for stream in self._streams:
+                    while stream.unread < T:
+                        episode, slots = self._tracker.draw(self.generator)
+                        stream.push(_Segment(slots, episode, 0, self._log.clock))
+            elif all(stream.unread == 0 for stream in self._streams):
+                self._deal_epoch()
+            rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
+            return self._chunk(rows)
+
+    def _delivered(self) -> None:
+        """A :class:`~torchrl_seqchunk.ChunkPrefetcher` handed over the oldest chunk it drew."""
+        self._undelivered.popleft()
+
+    def _rewind(self) -> None:
+        """Takes back the chunks a closed prefetcher drew but never delivered: the streams
+        and generator go back to where they stood before the first of them, so the next
+        sample emits it again (minus steps overwritten since). Writes are kept."""
+        with self._lock:
+            if self._undelivered:
+                self._load_stream_state(self._undelivered[0])
+                self._undelivered.clear()
 
     def _check_buffer(self, storage: Storage) -> None:
-        """Warns when a buffer that drops the sampler's info samples through this sampler
-        (TorchRL storages list the buffers attached to them)."""
+        """Refuses a buffer with ``prefetch > 1`` and warns when a buffer that drops the
+        sampler's info samples through this sampler (TorchRL storages list the buffers
+        attached to them)."""
         for buffer in getattr(storage, "_attached_entities", ()):
-            if getattr(buffer, "_sampler", None) is self and not isinstance(
-                buffer, TensorDictReplayBuffer
-            ):
+            if getattr(buffer, "_sampler", None) is not self:
+                continue
+            prefetch = getattr(buffer, "_prefetch_cap", 0)
+            if prefetch > 1:
+                raise ValueError(
+                    f"StreamChunkSampler is sampled by a buffer with prefetch={prefetch}, whose "
+                    f"{prefetch} worker threads may run two samples out of order and break the "
+                    "streams (chunk k + 1 must continue chunk k). Build the buffer with "
+                    "prefetch=None or 1, and prefetch with ChunkPrefetcher(rb.sample), which "
+                    "keeps the order."
+                )
+            if not isinstance(buffer, TensorDictReplayBuffer):
                 warnings.warn(
                     f"StreamChunkSampler is sampled by a {type(buffer).__name__}, which returns "
                     "the data without the sampler's info: the chunks carry no "
@@ -369,9 +416,18 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
-        slots, stamps = self._log.take_pending(len(storage))
+        slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
         if not slots.numel():
             return
+        try:
+            self._read_writes(storage, slots, stamps)
+        except Exception:  # the writes stay pending: a retry raises the same error
+            self._log.put_back(slots, stamps)
+            raise
+        for stream in self._streams:
+            stream.drop_stale(self._log.stamps)
+
+    def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
         data = storage[:]
         if not isinstance(data, TensorDictBase):
             raise TypeError(
@@ -387,8 +443,25 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             )
         alive = self._log.stamps[slots] == stamps
         self._tracker.update(data, slots, stamps, alive)
-        for stream in self._streams:
-            stream.drop_stale(self._log.stamps)
+
+    def _newest_unrecorded(self, storage: Storage) -> int | None:
+        """The slot written last into a storage that was full before the sampler saw it (its
+        ring may have wrapped, so time order starts after that slot); ``None`` otherwise."""
+        if self._log.known >= len(storage) or len(storage) < storage.max_size:
+            return None  # every slot's write was recorded, or the ring never wrapped
+        newest = storage._last_cursor_index  # TorchRL storages keep their last written slot
+        if self._log.clock or newest is None:
+            raise ValueError(
+                f"StreamChunkSampler cannot tell the time order of the "
+                f"{len(storage) - self._log.known} step(s) a full storage held before the "
+                "sampler first saw it: "
+                + ("the buffer wrote into it since, so its cursor no longer marks where those "
+                   "steps end" if self._log.clock else "the storage keeps no cursor")
+                + " (a wrapped ring is not in slot order). Sample once before writing through "
+                "the buffer (rb.sampler.can_sample(rb.storage, batch_size) is enough), or start "
+                "from an empty storage."
+            )
+        return int(newest)
 
     def _deal_epoch(self) -> None:
         """Deals every episode once: longest first to the least-filled stream (Graham's LPT
@@ -436,13 +509,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         return index, info
 
     # ------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
+    def _stream_state(self) -> dict[str, Any]:
+        """The stream queues and generator: what a sample changes besides reading writes."""
         segments = [(b, seg) for b, s in enumerate(self._streams) for seg in s.segments]
         return {
-            "num_streams": self.num_streams,
-            "seq_len": self.seq_len,
-            "log": self._log.state(),
-            "episodes": self._tracker.state(),
             "generator": self.generator.get_state(),
             "segment_stream": _as_long([b for b, _ in segments]),
             "segment_length": _as_long([seg.slots.numel() for _, seg in segments]),
@@ -454,6 +524,36 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             "remaining_batches": self._remaining_batches,
         }
 
+    def _load_stream_state(self, state: dict[str, Any]) -> None:
+        self._streams = [_Stream() for _ in range(self.num_streams)]
+        self.generator.set_state(state["generator"])
+        slots = state["segment_slots"].split(state["segment_length"].tolist())
+        fields = zip(
+            state["segment_stream"].tolist(),
+            slots,
+            state["segment_episode"].tolist(),
+            state["segment_offset"].tolist(),
+            state["segment_queued_at"].tolist(),
+        )
+        for b, seg_slots, episode, offset, queued_at in fields:
+            self._streams[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
+        self._ran_out = state["ran_out"]
+        self._remaining_batches = state["remaining_batches"]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state. While a :class:`~torchrl_seqchunk.ChunkPrefetcher` runs, the
+        streams are saved as they stood after the last chunk it delivered, so a resumed run
+        emits next the chunks it had drawn but not delivered."""
+        with self._lock:
+            streams = self._undelivered[0] if self._undelivered else self._stream_state()
+            return {
+                "num_streams": self.num_streams,
+                "seq_len": self.seq_len,
+                "log": self._log.state(),
+                "episodes": self._tracker.state(),
+                **streams,
+            }
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         sizes = (state_dict["num_streams"], state_dict["seq_len"])
         if sizes != (self.num_streams, self.seq_len):
@@ -461,22 +561,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"state_dict is for (num_streams, seq_len) = {sizes}, this sampler has "
                 f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
             )
-        self._empty()
-        self._log.load(state_dict["log"])
-        self._tracker.load(state_dict["episodes"])
-        self.generator.set_state(state_dict["generator"])
-        slots = state_dict["segment_slots"].split(state_dict["segment_length"].tolist())
-        fields = zip(
-            state_dict["segment_stream"].tolist(),
-            slots,
-            state_dict["segment_episode"].tolist(),
-            state_dict["segment_offset"].tolist(),
-            state_dict["segment_queued_at"].tolist(),
-        )
-        for b, seg_slots, episode, offset, queued_at in fields:
-            self._streams[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
-        self._ran_out = state_dict["ran_out"]
-        self._remaining_batches = state_dict["remaining_batches"]
+        with self._lock:
+            self._empty()
+            self._log.load(state_dict["log"])
+            self._tracker.load(state_dict["episodes"])
+            self._load_stream_state(state_dict)
 
     def dumps(self, path) -> None:
         path = Path(path).absolute()
@@ -485,6 +574,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def loads(self, path) -> None:
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be pickled; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (
