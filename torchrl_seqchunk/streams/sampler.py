@@ -11,7 +11,9 @@ replay, Hafner et al. 2023, "Mastering Diverse Domains through World Models").
 The sampler's own pieces are the stream queues (:class:`_Stream`, a queue of
 :class:`_Segment` with O(1) push and take from the head); which episodes exist is
 read by :mod:`torchrl_seqchunk.streams.episodes`. The file runs past the layout's ~450
-lines only because the class docstring (about 130 lines) is the sampler's user manual.
+lines because the class docstring (about 140 lines) is the sampler's user manual, and the
+snapshots that let a closed :class:`~torchrl_seqchunk.ChunkPrefetcher` hand back undelivered
+chunks live beside the queues they restore.
 """
 from __future__ import annotations
 
