@@ -26,7 +26,9 @@ import csv
 import dataclasses
 import functools
 import itertools
+import re
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -54,51 +56,64 @@ from torchrl_seqchunk import (
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
 
 
+def opt(default, help: str):
+    """A Config field whose command-line help is `help`."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass
 class Config:
-    env: str = "CartPole-v1"
-    keep: str = "auto"  # observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)
-    total_frames: int = 100_000  # also the length of the lr and clip schedules
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 1  # torch intra-op threads; small models run fastest on one
-    num_envs: int = 8
-    parallel: bool = False  # ParallelEnv workers instead of SerialEnv (cheap envs: serial wins)
-    name: str = ""  # run directory name under runs/; "" = derived from the options
-    runs_dir: str = "runs"
+    env: str = opt("CartPole-v1", 'gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatFirstEasy-v0)')
+    keep: str = opt("auto", 'observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)')
+    total_frames: int = opt(100_000, "env frames of the run; also the length of the lr and clip schedules")
+    seed: int = opt(0, "seed of torch, the envs and the sampler")
+    device: str = opt("cpu", "torch device of the models and the collector")
+    threads: int = opt(1, "torch intra-op threads; small models run fastest on one")
+    num_envs: int = opt(8, "envs stepped by the collector")
+    parallel: bool = opt(False, "ParallelEnv workers instead of SerialEnv (cheap envs: serial wins)")
+    name: str = opt("", 'run directory name under --runs-dir; "" derives it from the options')
+    runs_dir: str = opt("runs", "folder of the run directories")
+    overwrite: bool = opt(False, "replace the outputs of a finished run of the same name")
     # collection
-    rollout_len: int = 32  # T: steps per env per iteration -> frames_per_batch = num_envs * T
-    obs_norm: bool = True  # running mean/std of the observation (TorchRL's VecNormV2)
-    reward_norm: bool = True  # rewards / running std of the discounted return (ReturnScaledReward)
+    rollout_len: int = opt(32, "T: steps per env per iteration; frames per iteration = num_envs * T")
+    obs_norm: bool = opt(True, "normalize observations by their running mean and std (TorchRL's VecNormV2)")
+    reward_norm: bool = opt(True, "divide rewards by the running std of the discounted return (ReturnScaledReward)")
     # model
-    hidden: int = 64
-    cell: str = "gru"  # "gru" | "lstm"
-    encoder: bool = True  # Linear+Tanh before the recurrent layer
-    activation: str = "tanh"  # of the heads: "tanh" | "relu"
+    hidden: int = opt(64, "units of the encoder, the recurrent layer and the heads")
+    cell: str = opt("gru", "recurrent layer of the actor and of the critic")
+    encoder: bool = opt(True, "a Linear+Tanh layer before the recurrent layer")
+    activation: str = opt("tanh", "activation of the heads")
     # PPO
-    gamma: float = 0.98
-    lmbda: float = 0.8
-    lr: float = 1e-3
-    anneal_lr: bool = True  # linear decay to 0 over total_frames
-    anneal_clip: bool = True  # clip_epsilon too
-    epochs: int = 20
-    minibatches: int = 1
-    clip_epsilon: float = 0.2
-    entropy_coeff: float = 0.0
-    critic_coeff: float = 0.5
-    max_grad_norm: float = 0.5
+    gamma: float = opt(0.98, "discount")
+    lmbda: float = opt(0.8, "GAE lambda")
+    lr: float = opt(1e-3, "Adam learning rate")
+    anneal_lr: bool = opt(True, "decay the learning rate linearly to 0 over total_frames")
+    anneal_clip: bool = opt(True, "decay clip_epsilon linearly to 0 over total_frames")
+    epochs: int = opt(20, "passes over each rollout")
+    minibatches: int = opt(1, "gradient steps per epoch (windows mode)")
+    clip_epsilon: float = opt(0.2, "PPO clip range")
+    entropy_coeff: float = opt(0.0, "entropy bonus weight")
+    critic_coeff: float = opt(0.5, "value loss weight")
+    max_grad_norm: float = opt(0.5, "global gradient norm clip")
     # batching
-    batching: str = "windows"  # "windows" | "streams"
-    boundary_mode: str = "reset_continue"  # windows: "reset_continue" | "mask" | "inverse_count"
-    window: int = 32  # W (= rollout_len: every step is unrolled once per epoch)
-    stride: int = 32
-    num_streams: int = 8  # streams: B
-    chunk_len: int = 32  # streams: L
+    batching: str = opt("windows", "windows of each rollout, or stream chunks with a carried state")
+    boundary_mode: str = opt("reset_continue", "windows only: what RecurrentPPOLoss does at episode starts")
+    window: int = opt(32, "W, steps per window (= rollout_len: every step is unrolled once per epoch)")
+    stride: int = opt(32, "steps between window starts")
+    num_streams: int = opt(8, "streams only: B, streams per chunk")
+    chunk_len: int = opt(32, "streams only: L, steps per chunk")
     # reporting
-    return_window: int = 20  # episodes averaged in the reported mean return
-    target_return: float = 450.0  # frames-to-target is printed and logged
-    stop_at_target: bool = False  # end the run once the mean return reaches target_return
-    progress: bool = True  # show a progress bar
+    return_window: int = opt(20, "episodes averaged in the reported mean return")
+    target_return: str = opt("auto", 'mean return whose first frame is reported; "auto": 450 on CartPole-v1, none elsewhere')
+    stop_at_target: bool = opt(False, "end the run once the mean return reaches the target")
+    progress: bool = opt(True, "show a progress bar")
+
+    @property
+    def target(self) -> float | None:
+        """The target mean return, or None."""
+        if self.target_return == "auto":
+            return 450.0 if self.env == "CartPole-v1" else None
+        return float(self.target_return)
 
 
 CHOICES = {"batching": ("windows", "streams"), "boundary_mode": ("reset_continue", "mask", "inverse_count"),
@@ -107,24 +122,38 @@ LOGGED = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_
 
 
 def parse_args(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
     for field in dataclasses.fields(Config):
         flag = "--" + field.name.replace("_", "-")
         if field.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                                help=field.metadata["help"])
         else:
             parser.add_argument(flag, type=type(field.default), default=field.default,
-                                choices=CHOICES.get(field.name))
+                                choices=CHOICES.get(field.name), help=field.metadata["help"])
     cfg = Config(**vars(parser.parse_args(argv)))
+    if cfg.batching == "streams" and cfg.boundary_mode != "reset_continue":
+        parser.error("--boundary-mode applies to --batching windows only; stream chunks carry the state")
+    if cfg.target_return != "auto":
+        try:
+            cfg.target
+        except ValueError:
+            parser.error(f"--target-return must be a number or 'auto', got {cfg.target_return!r}")
     if not cfg.name:
         mode = cfg.boundary_mode if cfg.batching == "windows" else "streams"
-        cfg.name = f"{cfg.env.replace('/', '_')}_{mode}_seed{cfg.seed}"
+        cfg.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', cfg.env)}_{mode}_seed{cfg.seed}"
     return cfg
 
 
 def make_env(cfg: Config) -> TransformedEnv:
     if cfg.keep in ("auto", "all"):
         keep = DEFAULT_KEEP.get(cfg.env) if cfg.keep == "auto" else None
+        if cfg.keep == "auto" and keep is None:
+            warnings.warn(f"--keep auto: no known mask for {cfg.env}, so the agent sees the full "
+                          "observation; pass --keep with the indices to keep to make it partial.", stacklevel=2)
     else:
         keep = tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
     factory = functools.partial(make_masked_env, cfg.env, keep)  # picklable for workers
@@ -201,8 +230,9 @@ def plot_curve(rows: list[dict], path: Path, cfg: Config) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if points:
         ax.plot(*zip(*points))
-    ax.axhline(cfg.target_return, color="gray", ls="--", lw=1, label=f"target {cfg.target_return:g}")
-    ax.legend(loc="lower right")
+    if cfg.target is not None:  # the target line belongs to the task it was set for
+        ax.axhline(cfg.target, color="gray", ls="--", lw=1, label=f"target {cfg.target:g}")
+        ax.legend(loc="upper left")
     ax.set(xlabel="frames", ylabel=f"mean return, last {cfg.return_window} episodes", title=cfg.name)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -214,6 +244,9 @@ def main(cfg: Config) -> list[dict]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out_dir = Path(cfg.runs_dir) / cfg.name
+    if (out_dir / "metrics.csv").exists() and not cfg.overwrite:
+        raise SystemExit(f"{out_dir} holds the outputs of an earlier run; pass --name to write elsewhere "
+                         "or --overwrite to replace them.")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     env = make_env(cfg)
@@ -305,7 +338,7 @@ def main(cfg: Config) -> list[dict]:
                 loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
 
             return_mean = sum(returns) / len(returns) if returns else float("nan")
-            if frames_to_target is None and len(returns) == returns.maxlen and return_mean >= cfg.target_return:
+            if frames_to_target is None and len(returns) == returns.maxlen and cfg.target is not None and return_mean >= cfg.target:
                 frames_to_target = frames
             row = {"frames": frames, "wall_s": round(time.perf_counter() - start, 2),
                    "episodes": episodes, "return_mean": return_mean,
@@ -316,14 +349,16 @@ def main(cfg: Config) -> list[dict]:
                 writer.writeheader()
             writer.writerow(row)
             f.flush()
-            bar.update(rollout.numel())
-            bar.set_postfix(ret=f"{return_mean:.1f}", loss=f"{row['loss_objective']:.3f}")
+            bar.set_postfix(ret=f"{return_mean:.1f}", loss=f"{row['loss_objective']:.3f}", refresh=False)
+            bar.update(rollout.numel())  # one refresh per iteration
             if cfg.stop_at_target and frames_to_target is not None:
                 break
     collector.shutdown()
     plot_curve(rows, out_dir / "learning_curve.png", cfg)
     seen = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]  # skip NaN
-    print(f"frames_to_{cfg.target_return:g}: {frames_to_target} best_return: {max(seen, default=float('nan')):.1f} "
+    reached = "not reached" if frames_to_target is None else frames_to_target
+    target = f"frames_to_{cfg.target:g}: {reached} " if cfg.target is not None else ""
+    print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
           f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
     return rows
 

@@ -46,6 +46,35 @@ def test_recurrent_ppo_writes_finite_metrics_and_curve(tmp_path, options):
     assert "frames_to_450" in out
 
 
+def test_recurrent_ppo_keeps_a_finished_run_unless_asked(tmp_path):
+    args = ("--total-frames", "128", "--num-envs", "2", "--rollout-len", "64", "--window", "64",
+            "--stride", "64", "--runs-dir", str(tmp_path), "--name", "run")
+    run_example("recurrent_ppo.py", *args)
+    first = (tmp_path / "run" / "metrics.csv").read_text()
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), *args],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode != 0 and "--overwrite" in result.stderr
+    assert (tmp_path / "run" / "metrics.csv").read_text() == first
+    run_example("recurrent_ppo.py", *args, "--overwrite", "--seed", "1")
+    assert (tmp_path / "run" / "metrics.csv").read_text() != first
+
+
+def test_recurrent_ppo_on_another_task_has_no_cartpole_target(tmp_path):
+    out = run_example("recurrent_ppo.py", "--env", "Pendulum-v1", "--total-frames", "128", "--num-envs", "2",
+                      "--rollout-len", "64", "--window", "64", "--stride", "64",
+                      "--runs-dir", str(tmp_path), "--name", "pendulum")
+    assert "frames_to_" not in out and "final_return" in out
+
+
+def test_recurrent_ppo_help_gives_every_default_and_refuses_a_mode_it_would_ignore():
+    out = run_example("recurrent_ppo.py", "--help")
+    assert "(default: 100000)" in out and "(default: reset_continue)" in out
+    assert out.count("(default:") == out.count("\n  --")  # every flag says its default
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), "--batching", "streams",
+                             "--boundary-mode", "mask"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 2 and "windows only" in result.stderr
+
+
 def test_stream_world_model_writes_finite_losses_and_plot(tmp_path):
     out = run_example("stream_world_model.py", "--total-frames", "600", "--train-steps", "3",
                       "--num-streams", "4", "--seq-len", "16", "--hidden", "32",
