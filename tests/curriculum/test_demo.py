@@ -100,6 +100,23 @@ def test_load_rejects_non_npz(tmp_path):
         Demo.load(path)
 
 
+@pytest.mark.parametrize("kind", ["npy", "truncated"])
+def test_load_names_the_file_and_the_fix_for_npy_and_truncated_files(tmp_path, kind):
+    # a .npy file is read as one array (TypeError before), a cut .npz has no zip directory
+    # (zipfile.BadZipFile before)
+    path = tmp_path / f"demo.{kind}"
+    if kind == "npy":
+        np.save(path, np.zeros(3, np.int64))
+    else:
+        Demo([1, 0], [0.0, 1.0], meta={}).save(tmp_path / "whole.npz")
+        whole = (tmp_path / "whole.npz").read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="cannot read demo file .*Demo.save") as info:
+        Demo.load(path)
+    assert path.name in str(info.value)
+    assert ("single ndarray" in str(info.value)) == (kind == "npy")
+
+
 def test_constructor_validation():
     with pytest.raises(ValueError, match="empty"):
         Demo([], [])

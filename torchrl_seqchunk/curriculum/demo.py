@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -156,15 +158,23 @@ class Demo:
         """Reads a demo written by :meth:`save` (or ``examples/data/README.md``'s format).
 
         Raises:
-            ValueError: the file is not a readable ``.npz``, misses ``actions``,
+            ValueError: the file is not a readable ``.npz`` (a ``.npy`` file, a
+                truncated or damaged archive), misses ``actions``,
                 ``rewards`` or ``meta``, holds pickled objects, or its arrays
                 have wrong shapes, dtypes or lengths (the message names the file).
         """
         try:
-            with np.load(path, allow_pickle=False) as z:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError(f"it holds a single {type(loaded).__name__}, not an .npz archive")
+            with loaded as z:
                 arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, EOFError) as err:
-            raise ValueError(f"cannot read demo file {path!r} as a pickle-free .npz: {err}") from err
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+            raise ValueError(
+                f"cannot read demo file {path!r} as a pickle-free .npz ({err}); pass a complete file "
+                "written by Demo.save (format: examples/data/README.md), copying or re-recording it "
+                "if it was cut short."
+            ) from err
         missing = {"actions", "rewards", "meta"} - set(arrays)
         if missing:
             raise ValueError(
