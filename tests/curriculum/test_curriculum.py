@@ -135,6 +135,20 @@ def test_manager_rejects_bad_arguments(kwargs, match):
         ResetManager(**{"demo_length": 100, "num_envs": 4, **kwargs})
 
 
+def test_maximum_outside_the_demo_is_refused_at_once():
+    # a 100-step demo has starting points 0..99: 100 and -1 are refused on assignment and on
+    # load_state_dict, which then leaves the manager as it was
+    manager = ResetManager(100, 4, maximum=50)
+    for bad in (100, -1, 7.0):
+        with pytest.raises(ValueError, match=rf"maximum must be an int in \[0, 99\].*got {bad!r}"):
+            manager.maximum = bad
+    assert manager.maximum == 50
+    state = {**ResetManager(100, 4).state_dict(), "maximum": 100}
+    with pytest.raises(ValueError, match=r"maximum must be an int in \[0, 99\].*got 100"):
+        manager.load_state_dict(state)
+    assert manager.maximum == 50 and manager.assign().tolist() == [50, 49, 48, 47]
+
+
 def test_record_rejects_bad_input():
     manager = ResetManager(100, 2)
     # success rates or rounded points would be silently cast: 0.5 -> True, 1.7 -> 1
