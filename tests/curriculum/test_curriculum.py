@@ -149,6 +149,20 @@ def test_maximum_outside_the_demo_is_refused_at_once():
     assert manager.maximum == 50 and manager.assign().tolist() == [50, 49, 48, 47]
 
 
+def test_manager_and_transform_take_numpy_integers():
+    manager = ResetManager(np.int64(100), np.int32(4), window=np.uint8(8), maximum=np.int64(50))
+    assert manager.assign().tolist() == [50, 48, 46, 44]  # 50 - (i * 8) // 4
+    manager.maximum = np.int16(20)
+    assert manager.maximum == 20 and type(manager.maximum) is int
+    assert manager.assign().tolist() == [20, 18, 16, 14]
+    manager.load_state_dict({**manager.state_dict(), "maximum": np.int64(30)})
+    assert manager.maximum == 30 and type(manager.maximum) is int
+    manager.record(np.array([29, 30], np.uint64), np.array([True, False]))
+    assert manager.num_pending == 2
+    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 100), restore="replay", frames_per_step=np.int64(4))
+    assert transform.frames_per_step == 4 and type(transform.frames_per_step) is int
+
+
 def test_record_rejects_bad_input():
     manager = ResetManager(100, 2)
     # success rates or rounded points would be silently cast: 0.5 -> True, 1.7 -> 1

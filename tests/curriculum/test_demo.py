@@ -126,6 +126,26 @@ def test_constructor_validation():
         Demo([1], ["a"])
 
 
+def test_numpy_integers_float_or_repeated_snapshot_steps_and_huge_actions(tmp_path):
+    # NumPy integers are ints: snapshot keys become Python ints, a NumPy stride works
+    demo = Demo(np.array([1, 0], np.uint8), [0.0, 1.0], snapshots={np.int64(2): b"s"})
+    assert demo.snapshots == {2: b"s"} and type(next(iter(demo.snapshots))) is int
+    # (FrozenLake cannot clone its state: the NumPy stride passes the int check and gets that far)
+    with pytest.raises(ValueError, match="snapshot_every=2 needs env.unwrapped.clone_state"):
+        record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, snapshot_every=np.int64(2))
+    # a float step would be saved as int64 step 1, silently another state
+    with pytest.raises(TypeError, match=r"non-integer step indices \[1.5\]"):
+        Demo([1, 0], [0.0, 1.0], snapshots={1.5: b"s"})
+    # a file with step 1 twice: the second snapshot would silently replace the first
+    path = _write(tmp_path / "bad.npz", **_snapshot_arrays([1, 1], [0, 1, 2], np.zeros(2, np.uint8)))
+    with pytest.raises(ValueError, match=r"bad.npz.*repeats steps \[1\]"):
+        Demo.load(path)
+    # 2**63 + 5 as uint64 would wrap to -2**63 + 5 in int64
+    with pytest.raises(ValueError, match=f"too large value \\({2**63 + 5} at step 1\\)"):
+        Demo(np.array([0, 2**63 + 5], np.uint64), [0.0, 0.0])
+    assert Demo(np.array([2**63 - 1], np.uint64), [0.0]).actions.tolist() == [2**63 - 1]
+
+
 def test_record_demo_on_a_gymnasium_env():
     demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, seed=3, meta={"env": "lake"})
     assert demo.rewards.tolist() == [0, 0, 0, 0, 0, 1] and demo.total == 1.0

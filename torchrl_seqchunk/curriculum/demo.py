@@ -13,13 +13,14 @@ File format (``.npz``, no pickles, written by :meth:`Demo.save`):
 - ``meta``: JSON string (env id, reset seed, frame skip, source, ...);
 - optional ``lives``: integer ``[N + 1]``, lives counter before each action and
   after the last one;
-- optional snapshots: ``snapshot_steps`` int64 ``[S]`` (state after that many
+- optional snapshots: ``snapshot_steps`` int64 ``[S]``, distinct (state after that many
   actions), ``snapshot_offsets`` int64 ``[S + 1]`` and ``snapshot_bytes`` uint8
   (the serialized states, concatenated).
 """
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import zipfile
 import zlib
@@ -53,10 +54,11 @@ class Demo:
         total (float): ``returns[-1]``, the demo's final score.
 
     Raises:
-        TypeError: ``actions`` is not integer or ``rewards`` not numeric.
+        TypeError: ``actions`` is not integer, ``rewards`` not numeric, or a
+            snapshot key is not an integer (Python or NumPy, not bool).
         ValueError: arrays are not 1-D, lengths disagree, the demo is empty, an
-            action is negative, a reward is not finite, or a snapshot index is
-            outside ``[0, N]``.
+            action is negative or above ``2**63 - 1`` (it would not fit int64),
+            a reward is not finite, or a snapshot index is outside ``[0, N]``.
 
     Examples:
         >>> demo = Demo([1, 0, 1], [0.0, 1.0, 2.0], meta={"reset_seed": 0})
@@ -87,10 +89,12 @@ class Demo:
                 f"actions and rewards must be 1-D of equal length, got shapes "
                 f"{actions.shape} and {rewards.shape}; pass one reward per action."
             )
-        if actions.min() < 0:
+        outside = (actions < 0) | (actions > np.iinfo(np.int64).max)
+        if outside.any():
+            step = int(np.argmax(outside))
             raise ValueError(
-                f"actions holds negative values (first at step {int(np.argmax(actions < 0))}); "
-                "pass action indices >= 0."
+                f"actions holds a negative or too large value ({actions[step]} at step {step}); "
+                "pass action indices in [0, 2**63 - 1]."
             )
         if not np.isfinite(rewards).all():
             raise ValueError(
@@ -100,7 +104,14 @@ class Demo:
         self.actions = actions.astype(np.int64)
         self.rewards = rewards.astype(np.float64)
         self.returns = np.concatenate([[0.0], np.cumsum(self.rewards)])
-        self.snapshots = dict(snapshots or {})
+        snapshots = dict(snapshots or {})
+        not_int = [k for k in snapshots if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
+        if not_int:
+            raise TypeError(
+                f"snapshots has non-integer step indices {not_int[:5]}; key each snapshot by the "
+                "int number of actions taken before it."
+            )
+        self.snapshots = {int(k): blob for k, blob in snapshots.items()}
         bad = [k for k in self.snapshots if not 0 <= k <= len(self)]
         if bad:
             raise ValueError(
@@ -203,6 +214,12 @@ class Demo:
                     f"demo file {path!r}: snapshot_steps must be a 1-D integer array, got "
                     f"{steps.dtype} {steps.shape}."
                 )
+            repeated = np.unique(steps, return_counts=True)
+            if (repeated[1] > 1).any():
+                raise ValueError(
+                    f"demo file {path!r}: snapshot_steps repeats steps "
+                    f"{repeated[0][repeated[1] > 1][:5].tolist()}; each step may hold one snapshot."
+                )
             if blob.ndim != 1 or blob.dtype != np.uint8:
                 raise ValueError(
                     f"demo file {path!r}: snapshot_bytes must be 1-D uint8, got {blob.dtype} {blob.shape}."
@@ -278,7 +295,9 @@ def record_demo(
         (1.0, 0)
     """
     if snapshot_every is not None and (
-        isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1
+        isinstance(snapshot_every, bool)
+        or not isinstance(snapshot_every, numbers.Integral)
+        or snapshot_every < 1
     ):
         raise ValueError(f"snapshot_every must be a positive int or None, got {snapshot_every}.")
     clone = getattr(env.unwrapped, "clone_state", None)

@@ -5,10 +5,11 @@ implementation: openai/atari-reset (``ResetManager`` in ``atari_reset/wrappers.p
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = ["ResetManager"]
-
 
 
 class ResetManager:
@@ -39,6 +40,8 @@ class ResetManager:
     moves backward by itself only when at least two distinct starting points are
     in play (``num_envs >= 2`` and ``window >= 2``); a single env keeps its
     starting point unless the maximum is set by hand.
+
+    Integer arguments may be Python or NumPy integers (not bools).
 
     Args:
         demo_length (int): number of demo steps ``N``; starting points are
@@ -89,15 +92,17 @@ class ResetManager:
     ) -> None:
         window = num_envs if window is None else window
         update_every = num_envs if update_every is None else update_every
-        for name, value in [
-            ("demo_length", demo_length),
-            ("num_envs", num_envs),
-            ("window", window),
-            ("update_every", update_every),
-            ("nudge", nudge),
-        ]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        counts = {
+            "demo_length": demo_length,
+            "num_envs": num_envs,
+            "window": window,
+            "update_every": update_every,
+            "nudge": nudge,
+        }
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        demo_length, num_envs, window, update_every, nudge = map(int, counts.values())
         if not move_threshold > 0:
             raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
         if move_threshold * window > min(num_envs, window):
@@ -128,12 +133,12 @@ class ResetManager:
 
     @maximum.setter
     def maximum(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.demo_length:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < self.demo_length:
             raise ValueError(
                 f"maximum must be an int in [0, {self.demo_length - 1}] (a starting point of the "
                 f"{self.demo_length}-step demo), got {value!r}."
             )
-        self._maximum = value
+        self._maximum = int(value)
 
     def assign(self) -> torch.Tensor:
         """Starting points for all envs: int64 ``[num_envs]``."""

@@ -43,6 +43,7 @@ composed exactly like ``ParallelEnv``.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -169,8 +170,9 @@ class ReverseCurriculum(Transform):
                 "build the manager with ResetManager(len(demo), num_envs)."
             )
         for name, value in [("snapshot_every", snapshot_every), ("frames_per_step", frames_per_step)]:
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        snapshot_every, frames_per_step = int(snapshot_every), int(frames_per_step)
         if max_lag is not None and max_lag < 0:
             raise ValueError(f"max_lag must be >= 0 or None, got {max_lag}.")
         seed = demo.seed if seed is None else seed
