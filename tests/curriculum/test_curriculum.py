@@ -264,6 +264,46 @@ def test_diverging_demo_is_detected_on_first_use():
         reset_at(env, 4)
 
 
+def lake(**kwargs):
+    return TransformedEnv(
+        GymEnv("FrozenLake-v1", **{"is_slippery": False, **kwargs}),
+        ReverseCurriculum(record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN), restore="replay"),
+    )
+
+
+LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right reaches the 4x4 goal
+
+
+def test_demo_from_another_env_is_refused_at_the_first_restore():
+    # on the 8x8 map the first 5 moves (right, right, down x 3) earn 0 as on the 4x4 one: before,
+    # no reward disagreed and the restore silently went to another state (row 3, column 2: cell
+    # 3 * 8 + 2 = 26 instead of 3 * 4 + 2 = 14)
+    assert reset_at(lake(), 5)["observation"].argmax().item() == 14
+    with pytest.raises(ValueError, match=r"recorded in env .*'4x4'.* replayed in env .*'8x8'"):
+        reset_at(lake(map_name="8x8"), 5)
+    # a slippery lake is another env too
+    with pytest.raises(ValueError, match=r"'is_slippery': False.*'is_slippery': True"):
+        reset_at(lake(is_slippery=True), 0)
+
+
+def test_demo_action_outside_the_action_space_is_a_value_error():
+    # FrozenLake has 4 actions; action 7 at step 3 raised a KeyError inside the env before
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN)
+    bad = Demo([2, 2, 1, 7, 1, 2], demo.rewards, meta=demo.meta)
+    env = TransformedEnv(GymEnv("FrozenLake-v1", is_slippery=False), ReverseCurriculum(bad, restore="replay"))
+    with pytest.raises(ValueError, match=r"demo action 7 at step 3 is outside the env's action space Discrete\(4\)"):
+        reset_at(env, 5)
+
+
+def test_demo_without_env_spec_warns_and_restores():
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN)
+    old = Demo(demo.actions, demo.rewards, meta={"reset_seed": 0})
+    env = TransformedEnv(GymEnv("FrozenLake-v1", is_slippery=False), ReverseCurriculum(old, restore="replay"))
+    with pytest.warns(UserWarning, match="no 'env_spec'"):
+        td = reset_at(env, 5)
+    assert td["observation"].argmax().item() == 14
+
+
 def test_replay_ended_by_the_env_names_the_end():
     # a time limit shorter than the replay ends the episode although every reward agrees
     demo = toy_demo()
@@ -395,7 +435,7 @@ def montezuma(frameskip=1, **kwargs):
 
     gym.register_envs(ale_py)
     return GymEnv(
-        "ALE/MontezumaRevenge-v5",
+        kwargs.pop("game", "ALE/MontezumaRevenge-v5"),
         frameskip=frameskip,
         repeat_action_probability=kwargs.pop("repeat_action_probability", 0.0),
         obs_type="grayscale",
@@ -408,6 +448,19 @@ def test_sticky_actions_are_rejected():
     env = TransformedEnv(montezuma(repeat_action_probability=0.25), ReverseCurriculum(demo, restore="ale"))
     with pytest.raises(ValueError, match="sticky"):
         reset_at(env, 10)
+
+
+def test_montezuma_demo_is_checked_against_the_game():
+    demo = Demo.load(DEMO_PATH)
+    with pytest.raises(ValueError, match=r"MontezumaRevenge-v5.*replayed in env .*Pitfall-v5"):
+        reset_at(TransformedEnv(montezuma(game="ALE/Pitfall-v5"), ReverseCurriculum(demo, restore="ale")), 10)
+    # the example's workers skip 4 frames per step: restore="ale" replays single frames anyway
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        td = reset_at(TransformedEnv(montezuma(frameskip=4), ReverseCurriculum(demo, restore="ale")), 10)
+    assert td["score"].item() == 0.0
 
 
 def test_montezuma_restore_short_prefix():

@@ -9,6 +9,7 @@ from torchrl_seqchunk import Demo, record_demo
 
 DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
 FROZEN_LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right on the 4x4 map
+LAKE_4X4 = {"id": "FrozenLake-v1", "kwargs": {"map_name": "4x4", "is_slippery": False}}
 
 
 def test_load_montezuma_demo():
@@ -32,6 +33,18 @@ def test_save_load_round_trip(tmp_path):
     assert np.allclose(back.returns, [0.0, 0.1, 1.6, 0.6])
     assert back.snapshots == {0: b"ab", 2: b"xyz"}
     assert back.lives.tolist() == [3, 3, 2, 2] and back.meta == {"a": 1}
+
+
+def test_record_demo_stores_the_env_and_save_load_keeps_it(tmp_path):
+    # gymnasium.make fills in the registered map_name; render_mode does not change the dynamics
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False, render_mode="ansi"), FROZEN_LAKE_WIN)
+    assert demo.meta["env_spec"] == LAKE_4X4
+    demo.save(tmp_path / "d.npz")
+    assert Demo.load(tmp_path / "d.npz").meta["env_spec"] == LAKE_4X4
+    # the shipped demo names its env: ALE Montezuma, one emulator frame per action, no sticky actions
+    shipped = Demo.load(DEMO_PATH).meta["env_spec"]
+    assert shipped["id"] == "ALE/MontezumaRevenge-v5"
+    assert shipped["kwargs"]["frameskip"] == 1 and shipped["kwargs"]["repeat_action_probability"] == 0.0
 
 
 def _write(path, **arrays):
@@ -149,7 +162,8 @@ def test_numpy_integers_float_or_repeated_snapshot_steps_and_huge_actions(tmp_pa
 def test_record_demo_on_a_gymnasium_env():
     demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, seed=3, meta={"env": "lake"})
     assert demo.rewards.tolist() == [0, 0, 0, 0, 0, 1] and demo.total == 1.0
-    assert demo.meta == {"env": "lake", "reset_seed": 3} and demo.snapshots == {} and demo.lives is None
+    assert demo.meta == {"env": "lake", "reset_seed": 3, "env_spec": LAKE_4X4}
+    assert demo.snapshots == {} and demo.lives is None
     with pytest.raises(ValueError, match="ended at step 5"):
         record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN + [0])
     with pytest.raises(ValueError, match="clone_state"):

@@ -10,7 +10,8 @@ File format (``.npz``, no pickles, written by :meth:`Demo.save`):
 - ``actions``: integer ``[N]``, one action per env step (for Atari: index into
   the minimal action set, one per emulator frame);
 - ``rewards``: float ``[N]``, the reward of each action;
-- ``meta``: JSON string (env id, reset seed, frame skip, source, ...);
+- ``meta``: JSON string (``env_spec``: the env's id and make() arguments, reset
+  seed, frame skip, source, ...);
 - optional ``lives``: integer ``[N + 1]``, lives counter before each action and
   after the last one;
 - optional snapshots: ``snapshot_steps`` int64 ``[S]``, distinct (state after that many
@@ -46,7 +47,15 @@ class Demo:
             ``0 <= k <= N``), e.g. ``ale.cloneState().serialize()``.
         lives (array-like, optional): integer ``[N + 1]`` lives counter.
         meta (dict, optional): JSON-serializable metadata. ``meta["reset_seed"]``
-            is the seed the demo was recorded from (see :attr:`seed`).
+            is the seed the demo was recorded from (see :attr:`seed`);
+            ``meta["env_spec"]`` the env it was recorded in, ``{"id": env.spec.id,
+            "kwargs": env.spec.kwargs}`` (for ALE: game, mode, difficulty,
+            frameskip, repeat_action_probability, full_action_space, ... as
+            given to ``gymnasium.make`` or registered) without ``render_mode``
+            and ``obs_type``, JSON-safe (other objects as their ``repr``); an
+            env without a spec gives its class path and no kwargs. The
+            built-in restores compare it with their env; demos without it
+            (older files) still load, and their restores warn and skip the check.
 
     Attributes:
         returns (np.ndarray): float64 ``[N + 1]``; ``returns[k]`` is the sum of
@@ -251,6 +260,20 @@ class Demo:
             raise ValueError(f"demo file {path!r} is inconsistent: {err}") from err
 
 
+# make() arguments that change what an env shows, not its actions, rewards or transitions
+_PRESENTATION_KWARGS = ("render_mode", "obs_type")
+
+
+def _env_spec(env) -> dict[str, Any]:
+    """``Demo.meta["env_spec"]`` of a gymnasium env (format in :class:`Demo`)."""
+    spec = env.spec
+    if spec is None:
+        cls = type(env.unwrapped)
+        return {"id": f"{cls.__module__}.{cls.__qualname__}", "kwargs": {}}
+    kwargs = {k: v for k, v in spec.kwargs.items() if k not in _PRESENTATION_KWARGS}
+    return json.loads(json.dumps({"id": spec.id, "kwargs": kwargs}, default=repr))
+
+
 def record_demo(
     env,
     actions: Sequence[int] | np.ndarray,
@@ -261,7 +284,10 @@ def record_demo(
 ) -> Demo:
     """Plays ``actions`` in a gymnasium env from ``env.reset(seed=seed)`` and records a :class:`Demo`.
 
-    Rewards (and lives, when ``info["lives"]`` exists) are read from the env.
+    Rewards (and lives, when ``info["lives"]`` exists) are read from the env;
+    ``meta["env_spec"]`` records which env it was (see :class:`Demo`), so a
+    :class:`~torchrl_seqchunk.ReverseCurriculum` refuses to replay the demo in
+    another one.
     When ``snapshot_every`` is set and the env can clone its state
     (``env.unwrapped.clone_state()``, as ALE envs do), the serialized state
     after every ``snapshot_every``-th action (and at step 0) is stored, so a
@@ -291,8 +317,8 @@ def record_demo(
         >>> import gymnasium as gym
         >>> env = gym.make("FrozenLake-v1", is_slippery=False)
         >>> demo = record_demo(env, [2, 2, 1, 1, 1, 2], seed=0)
-        >>> demo.total, demo.meta["reset_seed"]
-        (1.0, 0)
+        >>> demo.total, demo.meta["reset_seed"], demo.meta["env_spec"]
+        (1.0, 0, {'id': 'FrozenLake-v1', 'kwargs': {'map_name': '4x4', 'is_slippery': False}})
     """
     if snapshot_every is not None and (
         isinstance(snapshot_every, bool)
@@ -327,5 +353,5 @@ def record_demo(
         rewards,
         snapshots=snapshots,
         lives=None if None in lives else lives,
-        meta={**(meta or {}), "reset_seed": seed},
+        meta={**(meta or {}), "reset_seed": seed, "env_spec": _env_spec(env)},
     )

@@ -98,7 +98,10 @@ class ReverseCurriculum(Transform):
             the state one frame before the last restored point). A callable
             ``restore(gym_env, k) -> observation`` does it the user's way.
             Both built-ins compare every replayed reward with the demo's and
-            raise ``ValueError`` on divergence, and reject sticky actions.
+            raise ``ValueError`` on divergence, and reject sticky actions; at
+            their first restore they compare the demo's ``meta["env_spec"]``
+            with the env (``"ale"`` ignores ``frameskip``; a demo without it
+            gets a warning) and check its actions against the env's action space.
             Defaults to ``None`` (no restoring role).
         seed (int, optional): reset seed of the replays. Defaults to ``demo.seed``.
         snapshot_every (int): ``"ale"`` cache stride in frames. Defaults to ``100``.
@@ -116,8 +119,10 @@ class ReverseCurriculum(Transform):
         ValueError: neither role is requested, ``restore`` is an unknown string,
             a count is not positive, the manager's size does not match the env,
             an assigning-only transform sits on an env whose state spec lacks
-            ``starting_point_key`` (its workers need the restoring role), or a
-            starting point is outside the demo.
+            ``starting_point_key`` (its workers need the restoring role), a
+            starting point is outside the demo, or (first restore) the demo was
+            recorded in another env or holds an action outside the env's
+            action space (the messages name both envs, or the step and the space).
         TypeError: the restoring role sits on a batched or non-gymnasium env.
 
     Examples:
