@@ -333,6 +333,51 @@ def test_lag_and_success_end_the_episode():
     assert td["truncated"].item() and td["score"].item() == demo.total
 
 
+class CorridorEnv(gym.Env):
+    """Position p in 0..5: action 0 stays, 1 moves right, 2 falls in a pit (ends); every step costs 1; p = 5 ends."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0, 5, shape=(1,), dtype=np.int64)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.p = 0
+        return np.array([self.p]), {}
+
+    def step(self, action):
+        self.p += int(action == 1)
+        return np.array([self.p]), -1.0, action == 2 or self.p == 5, False, {}
+
+
+def test_negative_rewards_success_needs_the_demos_final_step():
+    # demo: right x 5, rewards -1 each, total -5, final from step F = 5. From k = 3 (score -3):
+    demo = record_demo(CorridorEnv(), [1] * 5)
+    manager = ResetManager(5, 1, window=1, move_threshold=1.0, update_every=1, maximum=3)
+    env = TransformedEnv(GymWrapper(CorridorEnv()), ReverseCurriculum(demo, manager, restore="replay"))
+
+    def play(actions):
+        manager.maximum = 3  # a failure nudges it forward
+        td = env.reset()
+        assert td["starting_point"].item() == 3 and td["score"].item() == -3.0
+        out = []
+        for a in actions:
+            td = env.step(td.set("action", env.action_spec.encode(a)))
+            out.append((td["next", "score"].item(), td["next", "done"].item(), td["next", "success"].item()))
+            td = td["next"]
+        return out
+
+    # the pit ends the episode at demo step 4 with score -4 >= -5: before, a success
+    assert play([2]) == [(-4.0, True, False)]
+    assert manager.rates[3] == 0.0
+    # waiting one step: score -4 >= -5 at step 4 ended it as a success before; now it goes on,
+    # and at step 5 the score -5 equals the demo's total
+    assert play([0, 1]) == [(-4.0, False, False), (-5.0, True, True)]
+    assert manager.rates[3] == 1.0
+    # the demo's own way: the goal at step 5 with score -5
+    assert play([1, 1]) == [(-4.0, False, False), (-5.0, True, True)]
+
+
 def test_single_env_assigns_records_and_moves():
     demo = toy_demo()
     manager = ResetManager(len(demo), 1, window=1, move_threshold=1.0, update_every=1)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import numbers
 from typing import Callable
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
@@ -75,12 +76,24 @@ class ReverseCurriculum(Transform):
     ``score`` (float64 ``[*B, 1]``, game points) starts at
     ``demo.returns[k]`` and its ``demo_index`` (int64 ``[*B, 1]``) at ``k``.
     Each step adds the reward to ``score`` and ``frames_per_step`` to
-    ``demo_index``; the episode is truncated when ``score >= demo.total``
+    ``demo_index``; the episode is truncated when it succeeds
     (``end_on_success``) or when it lags the demo, i.e.
     ``score < demo.returns[demo_index - max_lag]`` (``max_lag``, as in the
     reference). When an episode ends, ``("next", success_key)`` (bool
-    ``[*B, 1]``) is ``score >= demo.total``, and the manager records it; the
-    manager updates whenever it is :attr:`ResetManager.due`. A restoring-only
+    ``[*B, 1]``) says whether it succeeded, and the manager records it; the
+    manager updates whenever it is :attr:`ResetManager.due`.
+
+    Success: ``score >= demo.total`` and ``demo_index >= F``, where ``F`` is
+    the demo step where the demo's score becomes final (one after its last
+    nonzero reward; 0 if it has none). The score rule is the reference's
+    (openai/atari-reset ``ReplayResetEnv.step``: ``as_good_as_demo`` is
+    ``score >= returns[-1]``); the index rule is ours, for demos with negative
+    rewards, whose score can still fall: there an episode that ends before the
+    demo's final state (earlier than ``F``) is not a success. With non-negative
+    rewards it only differs from the reference for an episode that reaches the
+    total faster than the demo and then ends before ``F``. Success compares
+    scores only: in an env whose rewards are only a cost per step, an episode
+    that lasts to ``F`` without extra cost succeeds, goal or not. A restoring-only
     transform reset without a starting point (``env.reset()``) restores to 0.
 
     Args:
@@ -108,7 +121,7 @@ class ReverseCurriculum(Transform):
         frames_per_step (int): demo steps per env step (4 for an ALE env with
             frame skip 4 and a frame-level demo). Defaults to ``1``.
         max_lag (int, optional): see above. Defaults to ``None`` (no lag rule).
-        end_on_success (bool): truncate once the demo's total is reached.
+        end_on_success (bool): truncate once the episode succeeds (see above).
             Defaults to ``True``.
         starting_point_key, score_key, demo_index_key, success_key, reward_key,
         done_key, truncated_key (NestedKey): entry names. Defaults to
@@ -195,6 +208,8 @@ class ReverseCurriculum(Transform):
         self.demo_index_key, self.success_key = demo_index_key, success_key
         self.reward_key, self.done_key, self.truncated_key = reward_key, done_key, truncated_key
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
+        scored = np.flatnonzero(demo.rewards)
+        self._final_index = int(scored[-1]) + 1 if len(scored) else 0
 
     # specs -------------------------------------------------------------------------------
     def _point_spec(self, shape, device):
@@ -293,7 +308,7 @@ class ReverseCurriculum(Transform):
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)
         if self.end_on_success:
-            end |= score >= self.demo.total
+            end |= self._succeeded(score, index)
         if self.max_lag is not None:
             behind = (index - self.max_lag).clamp(0, len(self.demo))
             end |= score < returns[behind]
@@ -304,9 +319,14 @@ class ReverseCurriculum(Transform):
         next_tensordict.set(self.truncated_key, truncated | end)
         next_tensordict.set(self.done_key, next_tensordict.get(self.done_key) | end)
 
+    def _succeeded(self, score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return (score >= self.demo.total) & (index >= self._final_index)
+
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
-        success = done & (next_tensordict.get(self.score_key) >= self.demo.total)
+        success = done & self._succeeded(
+            next_tensordict.get(self.score_key), next_tensordict.get(self.demo_index_key)
+        )
         next_tensordict.set(self.success_key, success)
         if done.any():
             ended = done.reshape(-1)
