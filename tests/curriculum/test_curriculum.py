@@ -135,6 +135,34 @@ def test_manager_rejects_bad_arguments(kwargs, match):
         ResetManager(**{"demo_length": 100, "num_envs": 4, **kwargs})
 
 
+def test_maximum_outside_the_demo_is_refused_at_once():
+    # a 100-step demo has starting points 0..99: 100 and -1 are refused on assignment and on
+    # load_state_dict, which then leaves the manager as it was
+    manager = ResetManager(100, 4, maximum=50)
+    for bad in (100, -1, 7.0):
+        with pytest.raises(ValueError, match=rf"maximum must be an int in \[0, 99\].*got {bad!r}"):
+            manager.maximum = bad
+    assert manager.maximum == 50
+    state = {**ResetManager(100, 4).state_dict(), "maximum": 100}
+    with pytest.raises(ValueError, match=r"maximum must be an int in \[0, 99\].*got 100"):
+        manager.load_state_dict(state)
+    assert manager.maximum == 50 and manager.assign().tolist() == [50, 49, 48, 47]
+
+
+def test_manager_and_transform_take_numpy_integers():
+    manager = ResetManager(np.int64(100), np.int32(4), window=np.uint8(8), maximum=np.int64(50))
+    assert manager.assign().tolist() == [50, 48, 46, 44]  # 50 - (i * 8) // 4
+    manager.maximum = np.int16(20)
+    assert manager.maximum == 20 and type(manager.maximum) is int
+    assert manager.assign().tolist() == [20, 18, 16, 14]
+    manager.load_state_dict({**manager.state_dict(), "maximum": np.int64(30)})
+    assert manager.maximum == 30 and type(manager.maximum) is int
+    manager.record(np.array([29, 30], np.uint64), np.array([True, False]))
+    assert manager.num_pending == 2
+    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 100), restore="replay", frames_per_step=np.int64(4))
+    assert transform.frames_per_step == 4 and type(transform.frames_per_step) is int
+
+
 def test_record_rejects_bad_input():
     manager = ResetManager(100, 2)
     # success rates or rounded points would be silently cast: 0.5 -> True, 1.7 -> 1
@@ -236,6 +264,46 @@ def test_diverging_demo_is_detected_on_first_use():
         reset_at(env, 4)
 
 
+def lake(**kwargs):
+    return TransformedEnv(
+        GymEnv("FrozenLake-v1", **{"is_slippery": False, **kwargs}),
+        ReverseCurriculum(record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN), restore="replay"),
+    )
+
+
+LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right reaches the 4x4 goal
+
+
+def test_demo_from_another_env_is_refused_at_the_first_restore():
+    # on the 8x8 map the first 5 moves (right, right, down x 3) earn 0 as on the 4x4 one: before,
+    # no reward disagreed and the restore silently went to another state (row 3, column 2: cell
+    # 3 * 8 + 2 = 26 instead of 3 * 4 + 2 = 14)
+    assert reset_at(lake(), 5)["observation"].argmax().item() == 14
+    with pytest.raises(ValueError, match=r"recorded in env .*'4x4'.* replayed in env .*'8x8'"):
+        reset_at(lake(map_name="8x8"), 5)
+    # a slippery lake is another env too
+    with pytest.raises(ValueError, match=r"'is_slippery': False.*'is_slippery': True"):
+        reset_at(lake(is_slippery=True), 0)
+
+
+def test_demo_action_outside_the_action_space_is_a_value_error():
+    # FrozenLake has 4 actions; action 7 at step 3 raised a KeyError inside the env before
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN)
+    bad = Demo([2, 2, 1, 7, 1, 2], demo.rewards, meta=demo.meta)
+    env = TransformedEnv(GymEnv("FrozenLake-v1", is_slippery=False), ReverseCurriculum(bad, restore="replay"))
+    with pytest.raises(ValueError, match=r"demo action 7 at step 3 is outside the env's action space Discrete\(4\)"):
+        reset_at(env, 5)
+
+
+def test_demo_without_env_spec_warns_and_restores():
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), LAKE_WIN)
+    old = Demo(demo.actions, demo.rewards, meta={"reset_seed": 0})
+    env = TransformedEnv(GymEnv("FrozenLake-v1", is_slippery=False), ReverseCurriculum(old, restore="replay"))
+    with pytest.warns(UserWarning, match="no 'env_spec'"):
+        td = reset_at(env, 5)
+    assert td["observation"].argmax().item() == 14
+
+
 def test_replay_ended_by_the_env_names_the_end():
     # a time limit shorter than the replay ends the episode although every reward agrees
     demo = toy_demo()
@@ -263,6 +331,51 @@ def test_lag_and_success_end_the_episode():
     for a in DEMO_ACTIONS[7:10]:
         td = env.step(td.set("action", env.action_spec.encode(a)))["next"]
     assert td["truncated"].item() and td["score"].item() == demo.total
+
+
+class CorridorEnv(gym.Env):
+    """Position p in 0..5: action 0 stays, 1 moves right, 2 falls in a pit (ends); every step costs 1; p = 5 ends."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0, 5, shape=(1,), dtype=np.int64)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.p = 0
+        return np.array([self.p]), {}
+
+    def step(self, action):
+        self.p += int(action == 1)
+        return np.array([self.p]), -1.0, action == 2 or self.p == 5, False, {}
+
+
+def test_negative_rewards_success_needs_the_demos_final_step():
+    # demo: right x 5, rewards -1 each, total -5, final from step F = 5. From k = 3 (score -3):
+    demo = record_demo(CorridorEnv(), [1] * 5)
+    manager = ResetManager(5, 1, window=1, move_threshold=1.0, update_every=1, maximum=3)
+    env = TransformedEnv(GymWrapper(CorridorEnv()), ReverseCurriculum(demo, manager, restore="replay"))
+
+    def play(actions):
+        manager.maximum = 3  # a failure nudges it forward
+        td = env.reset()
+        assert td["starting_point"].item() == 3 and td["score"].item() == -3.0
+        out = []
+        for a in actions:
+            td = env.step(td.set("action", env.action_spec.encode(a)))
+            out.append((td["next", "score"].item(), td["next", "done"].item(), td["next", "success"].item()))
+            td = td["next"]
+        return out
+
+    # the pit ends the episode at demo step 4 with score -4 >= -5: before, a success
+    assert play([2]) == [(-4.0, True, False)]
+    assert manager.rates[3] == 0.0
+    # waiting one step: score -4 >= -5 at step 4 ended it as a success before; now it goes on,
+    # and at step 5 the score -5 equals the demo's total
+    assert play([0, 1]) == [(-4.0, False, False), (-5.0, True, True)]
+    assert manager.rates[3] == 1.0
+    # the demo's own way: the goal at step 5 with score -5
+    assert play([1, 1]) == [(-4.0, False, False), (-5.0, True, True)]
 
 
 def test_single_env_assigns_records_and_moves():
@@ -367,7 +480,7 @@ def montezuma(frameskip=1, **kwargs):
 
     gym.register_envs(ale_py)
     return GymEnv(
-        "ALE/MontezumaRevenge-v5",
+        kwargs.pop("game", "ALE/MontezumaRevenge-v5"),
         frameskip=frameskip,
         repeat_action_probability=kwargs.pop("repeat_action_probability", 0.0),
         obs_type="grayscale",
@@ -380,6 +493,19 @@ def test_sticky_actions_are_rejected():
     env = TransformedEnv(montezuma(repeat_action_probability=0.25), ReverseCurriculum(demo, restore="ale"))
     with pytest.raises(ValueError, match="sticky"):
         reset_at(env, 10)
+
+
+def test_montezuma_demo_is_checked_against_the_game():
+    demo = Demo.load(DEMO_PATH)
+    with pytest.raises(ValueError, match=r"MontezumaRevenge-v5.*replayed in env .*Pitfall-v5"):
+        reset_at(TransformedEnv(montezuma(game="ALE/Pitfall-v5"), ReverseCurriculum(demo, restore="ale")), 10)
+    # the example's workers skip 4 frames per step: restore="ale" replays single frames anyway
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        td = reset_at(TransformedEnv(montezuma(frameskip=4), ReverseCurriculum(demo, restore="ale")), 10)
+    assert td["score"].item() == 0.0
 
 
 def test_montezuma_restore_short_prefix():

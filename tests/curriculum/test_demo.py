@@ -9,6 +9,7 @@ from torchrl_seqchunk import Demo, record_demo
 
 DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
 FROZEN_LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right on the 4x4 map
+LAKE_4X4 = {"id": "FrozenLake-v1", "kwargs": {"map_name": "4x4", "is_slippery": False}}
 
 
 def test_load_montezuma_demo():
@@ -32,6 +33,18 @@ def test_save_load_round_trip(tmp_path):
     assert np.allclose(back.returns, [0.0, 0.1, 1.6, 0.6])
     assert back.snapshots == {0: b"ab", 2: b"xyz"}
     assert back.lives.tolist() == [3, 3, 2, 2] and back.meta == {"a": 1}
+
+
+def test_record_demo_stores_the_env_and_save_load_keeps_it(tmp_path):
+    # gymnasium.make fills in the registered map_name; render_mode does not change the dynamics
+    demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False, render_mode="ansi"), FROZEN_LAKE_WIN)
+    assert demo.meta["env_spec"] == LAKE_4X4
+    demo.save(tmp_path / "d.npz")
+    assert Demo.load(tmp_path / "d.npz").meta["env_spec"] == LAKE_4X4
+    # the shipped demo names its env: ALE Montezuma, one emulator frame per action, no sticky actions
+    shipped = Demo.load(DEMO_PATH).meta["env_spec"]
+    assert shipped["id"] == "ALE/MontezumaRevenge-v5"
+    assert shipped["kwargs"]["frameskip"] == 1 and shipped["kwargs"]["repeat_action_probability"] == 0.0
 
 
 def _write(path, **arrays):
@@ -100,6 +113,23 @@ def test_load_rejects_non_npz(tmp_path):
         Demo.load(path)
 
 
+@pytest.mark.parametrize("kind", ["npy", "truncated"])
+def test_load_names_the_file_and_the_fix_for_npy_and_truncated_files(tmp_path, kind):
+    # a .npy file is read as one array (TypeError before), a cut .npz has no zip directory
+    # (zipfile.BadZipFile before)
+    path = tmp_path / f"demo.{kind}"
+    if kind == "npy":
+        np.save(path, np.zeros(3, np.int64))
+    else:
+        Demo([1, 0], [0.0, 1.0], meta={}).save(tmp_path / "whole.npz")
+        whole = (tmp_path / "whole.npz").read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="cannot read demo file .*Demo.save") as info:
+        Demo.load(path)
+    assert path.name in str(info.value)
+    assert ("single ndarray" in str(info.value)) == (kind == "npy")
+
+
 def test_constructor_validation():
     with pytest.raises(ValueError, match="empty"):
         Demo([], [])
@@ -109,10 +139,31 @@ def test_constructor_validation():
         Demo([1], ["a"])
 
 
+def test_numpy_integers_float_or_repeated_snapshot_steps_and_huge_actions(tmp_path):
+    # NumPy integers are ints: snapshot keys become Python ints, a NumPy stride works
+    demo = Demo(np.array([1, 0], np.uint8), [0.0, 1.0], snapshots={np.int64(2): b"s"})
+    assert demo.snapshots == {2: b"s"} and type(next(iter(demo.snapshots))) is int
+    # (FrozenLake cannot clone its state: the NumPy stride passes the int check and gets that far)
+    with pytest.raises(ValueError, match="snapshot_every=2 needs env.unwrapped.clone_state"):
+        record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, snapshot_every=np.int64(2))
+    # a float step would be saved as int64 step 1, silently another state
+    with pytest.raises(TypeError, match=r"non-integer step indices \[1.5\]"):
+        Demo([1, 0], [0.0, 1.0], snapshots={1.5: b"s"})
+    # a file with step 1 twice: the second snapshot would silently replace the first
+    path = _write(tmp_path / "bad.npz", **_snapshot_arrays([1, 1], [0, 1, 2], np.zeros(2, np.uint8)))
+    with pytest.raises(ValueError, match=r"bad.npz.*repeats steps \[1\]"):
+        Demo.load(path)
+    # 2**63 + 5 as uint64 would wrap to -2**63 + 5 in int64
+    with pytest.raises(ValueError, match=f"too large value \\({2**63 + 5} at step 1\\)"):
+        Demo(np.array([0, 2**63 + 5], np.uint64), [0.0, 0.0])
+    assert Demo(np.array([2**63 - 1], np.uint64), [0.0]).actions.tolist() == [2**63 - 1]
+
+
 def test_record_demo_on_a_gymnasium_env():
     demo = record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN, seed=3, meta={"env": "lake"})
     assert demo.rewards.tolist() == [0, 0, 0, 0, 0, 1] and demo.total == 1.0
-    assert demo.meta == {"env": "lake", "reset_seed": 3} and demo.snapshots == {} and demo.lives is None
+    assert demo.meta == {"env": "lake", "reset_seed": 3, "env_spec": LAKE_4X4}
+    assert demo.snapshots == {} and demo.lives is None
     with pytest.raises(ValueError, match="ended at step 5"):
         record_demo(gym.make("FrozenLake-v1", is_slippery=False), FROZEN_LAKE_WIN + [0])
     with pytest.raises(ValueError, match="clone_state"):

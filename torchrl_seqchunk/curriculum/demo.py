@@ -10,17 +10,21 @@ File format (``.npz``, no pickles, written by :meth:`Demo.save`):
 - ``actions``: integer ``[N]``, one action per env step (for Atari: index into
   the minimal action set, one per emulator frame);
 - ``rewards``: float ``[N]``, the reward of each action;
-- ``meta``: JSON string (env id, reset seed, frame skip, source, ...);
+- ``meta``: JSON string (``env_spec``: the env's id and make() arguments, reset
+  seed, frame skip, source, ...);
 - optional ``lives``: integer ``[N + 1]``, lives counter before each action and
   after the last one;
-- optional snapshots: ``snapshot_steps`` int64 ``[S]`` (state after that many
+- optional snapshots: ``snapshot_steps`` int64 ``[S]``, distinct (state after that many
   actions), ``snapshot_offsets`` int64 ``[S + 1]`` and ``snapshot_bytes`` uint8
   (the serialized states, concatenated).
 """
 from __future__ import annotations
 
 import json
+import numbers
 import os
+import zipfile
+import zlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -43,7 +47,15 @@ class Demo:
             ``0 <= k <= N``), e.g. ``ale.cloneState().serialize()``.
         lives (array-like, optional): integer ``[N + 1]`` lives counter.
         meta (dict, optional): JSON-serializable metadata. ``meta["reset_seed"]``
-            is the seed the demo was recorded from (see :attr:`seed`).
+            is the seed the demo was recorded from (see :attr:`seed`);
+            ``meta["env_spec"]`` the env it was recorded in, ``{"id": env.spec.id,
+            "kwargs": env.spec.kwargs}`` (for ALE: game, mode, difficulty,
+            frameskip, repeat_action_probability, full_action_space, ... as
+            given to ``gymnasium.make`` or registered) without ``render_mode``
+            and ``obs_type``, JSON-safe (other objects as their ``repr``); an
+            env without a spec gives its class path and no kwargs. The
+            built-in restores compare it with their env; demos without it
+            (older files) still load, and their restores warn and skip the check.
 
     Attributes:
         returns (np.ndarray): float64 ``[N + 1]``; ``returns[k]`` is the sum of
@@ -51,10 +63,11 @@ class Demo:
         total (float): ``returns[-1]``, the demo's final score.
 
     Raises:
-        TypeError: ``actions`` is not integer or ``rewards`` not numeric.
+        TypeError: ``actions`` is not integer, ``rewards`` not numeric, or a
+            snapshot key is not an integer (Python or NumPy, not bool).
         ValueError: arrays are not 1-D, lengths disagree, the demo is empty, an
-            action is negative, a reward is not finite, or a snapshot index is
-            outside ``[0, N]``.
+            action is negative or above ``2**63 - 1`` (it would not fit int64),
+            a reward is not finite, or a snapshot index is outside ``[0, N]``.
 
     Examples:
         >>> demo = Demo([1, 0, 1], [0.0, 1.0, 2.0], meta={"reset_seed": 0})
@@ -85,10 +98,12 @@ class Demo:
                 f"actions and rewards must be 1-D of equal length, got shapes "
                 f"{actions.shape} and {rewards.shape}; pass one reward per action."
             )
-        if actions.min() < 0:
+        outside = (actions < 0) | (actions > np.iinfo(np.int64).max)
+        if outside.any():
+            step = int(np.argmax(outside))
             raise ValueError(
-                f"actions holds negative values (first at step {int(np.argmax(actions < 0))}); "
-                "pass action indices >= 0."
+                f"actions holds a negative or too large value ({actions[step]} at step {step}); "
+                "pass action indices in [0, 2**63 - 1]."
             )
         if not np.isfinite(rewards).all():
             raise ValueError(
@@ -98,7 +113,14 @@ class Demo:
         self.actions = actions.astype(np.int64)
         self.rewards = rewards.astype(np.float64)
         self.returns = np.concatenate([[0.0], np.cumsum(self.rewards)])
-        self.snapshots = dict(snapshots or {})
+        snapshots = dict(snapshots or {})
+        not_int = [k for k in snapshots if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
+        if not_int:
+            raise TypeError(
+                f"snapshots has non-integer step indices {not_int[:5]}; key each snapshot by the "
+                "int number of actions taken before it."
+            )
+        self.snapshots = {int(k): blob for k, blob in snapshots.items()}
         bad = [k for k in self.snapshots if not 0 <= k <= len(self)]
         if bad:
             raise ValueError(
@@ -156,15 +178,23 @@ class Demo:
         """Reads a demo written by :meth:`save` (or ``examples/data/README.md``'s format).
 
         Raises:
-            ValueError: the file is not a readable ``.npz``, misses ``actions``,
+            ValueError: the file is not a readable ``.npz`` (a ``.npy`` file, a
+                truncated or damaged archive), misses ``actions``,
                 ``rewards`` or ``meta``, holds pickled objects, or its arrays
                 have wrong shapes, dtypes or lengths (the message names the file).
         """
         try:
-            with np.load(path, allow_pickle=False) as z:
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError(f"it holds a single {type(loaded).__name__}, not an .npz archive")
+            with loaded as z:
                 arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, EOFError) as err:
-            raise ValueError(f"cannot read demo file {path!r} as a pickle-free .npz: {err}") from err
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+            raise ValueError(
+                f"cannot read demo file {path!r} as a pickle-free .npz ({err}); pass a complete file "
+                "written by Demo.save (format: examples/data/README.md), copying or re-recording it "
+                "if it was cut short."
+            ) from err
         missing = {"actions", "rewards", "meta"} - set(arrays)
         if missing:
             raise ValueError(
@@ -192,6 +222,12 @@ class Demo:
                 raise ValueError(
                     f"demo file {path!r}: snapshot_steps must be a 1-D integer array, got "
                     f"{steps.dtype} {steps.shape}."
+                )
+            repeated = np.unique(steps, return_counts=True)
+            if (repeated[1] > 1).any():
+                raise ValueError(
+                    f"demo file {path!r}: snapshot_steps repeats steps "
+                    f"{repeated[0][repeated[1] > 1][:5].tolist()}; each step may hold one snapshot."
                 )
             if blob.ndim != 1 or blob.dtype != np.uint8:
                 raise ValueError(
@@ -224,6 +260,20 @@ class Demo:
             raise ValueError(f"demo file {path!r} is inconsistent: {err}") from err
 
 
+# make() arguments that change what an env shows, not its actions, rewards or transitions
+_PRESENTATION_KWARGS = ("render_mode", "obs_type")
+
+
+def _env_spec(env) -> dict[str, Any]:
+    """``Demo.meta["env_spec"]`` of a gymnasium env (format in :class:`Demo`)."""
+    spec = env.spec
+    if spec is None:
+        cls = type(env.unwrapped)
+        return {"id": f"{cls.__module__}.{cls.__qualname__}", "kwargs": {}}
+    kwargs = {k: v for k, v in spec.kwargs.items() if k not in _PRESENTATION_KWARGS}
+    return json.loads(json.dumps({"id": spec.id, "kwargs": kwargs}, default=repr))
+
+
 def record_demo(
     env,
     actions: Sequence[int] | np.ndarray,
@@ -234,7 +284,10 @@ def record_demo(
 ) -> Demo:
     """Plays ``actions`` in a gymnasium env from ``env.reset(seed=seed)`` and records a :class:`Demo`.
 
-    Rewards (and lives, when ``info["lives"]`` exists) are read from the env.
+    Rewards (and lives, when ``info["lives"]`` exists) are read from the env;
+    ``meta["env_spec"]`` records which env it was (see :class:`Demo`), so a
+    :class:`~torchrl_seqchunk.ReverseCurriculum` refuses to replay the demo in
+    another one.
     When ``snapshot_every`` is set and the env can clone its state
     (``env.unwrapped.clone_state()``, as ALE envs do), the serialized state
     after every ``snapshot_every``-th action (and at step 0) is stored, so a
@@ -264,11 +317,13 @@ def record_demo(
         >>> import gymnasium as gym
         >>> env = gym.make("FrozenLake-v1", is_slippery=False)
         >>> demo = record_demo(env, [2, 2, 1, 1, 1, 2], seed=0)
-        >>> demo.total, demo.meta["reset_seed"]
-        (1.0, 0)
+        >>> demo.total, demo.meta["reset_seed"], demo.meta["env_spec"]
+        (1.0, 0, {'id': 'FrozenLake-v1', 'kwargs': {'map_name': '4x4', 'is_slippery': False}})
     """
     if snapshot_every is not None and (
-        isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int) or snapshot_every < 1
+        isinstance(snapshot_every, bool)
+        or not isinstance(snapshot_every, numbers.Integral)
+        or snapshot_every < 1
     ):
         raise ValueError(f"snapshot_every must be a positive int or None, got {snapshot_every}.")
     clone = getattr(env.unwrapped, "clone_state", None)
@@ -298,5 +353,5 @@ def record_demo(
         rewards,
         snapshots=snapshots,
         lives=None if None in lives else lives,
-        meta={**(meta or {}), "reset_seed": seed},
+        meta={**(meta or {}), "reset_seed": seed, "env_spec": _env_spec(env)},
     )

@@ -5,10 +5,11 @@ implementation: openai/atari-reset (``ResetManager`` in ``atari_reset/wrappers.p
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = ["ResetManager"]
-
 
 
 class ResetManager:
@@ -39,6 +40,8 @@ class ResetManager:
     moves backward by itself only when at least two distinct starting points are
     in play (``num_envs >= 2`` and ``window >= 2``); a single env keeps its
     starting point unless the maximum is set by hand.
+
+    Integer arguments may be Python or NumPy integers (not bools).
 
     Args:
         demo_length (int): number of demo steps ``N``; starting points are
@@ -89,15 +92,17 @@ class ResetManager:
     ) -> None:
         window = num_envs if window is None else window
         update_every = num_envs if update_every is None else update_every
-        for name, value in [
-            ("demo_length", demo_length),
-            ("num_envs", num_envs),
-            ("window", window),
-            ("update_every", update_every),
-            ("nudge", nudge),
-        ]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        counts = {
+            "demo_length": demo_length,
+            "num_envs": num_envs,
+            "window": window,
+            "update_every": update_every,
+            "nudge": nudge,
+        }
+        for name, value in counts.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        demo_length, num_envs, window, update_every, nudge = map(int, counts.values())
         if not move_threshold > 0:
             raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
         if move_threshold * window > min(num_envs, window):
@@ -112,14 +117,28 @@ class ResetManager:
         self.move_threshold, self.nudge, self.window = move_threshold, nudge, window
         self.update_every, self.decay = update_every, decay
         self.maximum = demo_length - 1 if maximum is None else maximum
-        if isinstance(self.maximum, bool) or not isinstance(self.maximum, int):
-            raise ValueError(f"maximum must be an int in [0, {demo_length - 1}], got {maximum!r}.")
-        if not 0 <= self.maximum < demo_length:
-            raise ValueError(f"maximum must be in [0, {demo_length - 1}], got {maximum}.")
         self.rates = torch.zeros(demo_length, dtype=torch.float64)
         self.last_success_rate = float("nan")
         self._points: list[torch.Tensor] = []
         self._successes: list[torch.Tensor] = []
+
+    @property
+    def maximum(self) -> int:
+        """The current maximum starting point, an int in ``[0, demo_length - 1]``.
+
+        Raises:
+            ValueError: on assignment of anything else, at once (not later, in a worker).
+        """
+        return self._maximum
+
+    @maximum.setter
+    def maximum(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < self.demo_length:
+            raise ValueError(
+                f"maximum must be an int in [0, {self.demo_length - 1}] (a starting point of the "
+                f"{self.demo_length}-step demo), got {value!r}."
+            )
+        self._maximum = int(value)
 
     def assign(self) -> torch.Tensor:
         """Starting points for all envs: int64 ``[num_envs]``."""
@@ -204,15 +223,20 @@ class ResetManager:
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores :meth:`state_dict`; raises ValueError if it was saved for another demo length."""
+        """Restores :meth:`state_dict`.
+
+        Raises:
+            ValueError: it was saved for another demo length, or its maximum is
+                outside ``[0, demo_length - 1]`` (the manager is left unchanged).
+        """
         rates = torch.as_tensor(state_dict["rates"], dtype=torch.float64)
         if rates.shape != (self.demo_length,):
             raise ValueError(
                 f"state_dict['rates'] has shape {tuple(rates.shape)}, expected ({self.demo_length},); "
                 "it was saved for a demo of another length."
             )
+        self.maximum = state_dict["maximum"]
         self.rates = rates.clone()
-        self.maximum = int(state_dict["maximum"])
         self.last_success_rate = float(state_dict["last_success_rate"])
         self._points, self._successes = [], []
         self.record(state_dict["pending_points"], state_dict["pending_successes"])

@@ -6,10 +6,12 @@ gymnasium env; :class:`~torchrl_seqchunk.ReverseCurriculum` also takes a user ca
 from __future__ import annotations
 
 import bisect
+import warnings
 
+import gymnasium as gym
 import numpy as np
 
-from .demo import Demo
+from .demo import Demo, _env_spec
 
 
 def _check_not_sticky(env) -> None:
@@ -22,6 +24,53 @@ def _check_not_sticky(env) -> None:
         )
 
 
+class _Restore:
+    """Checks the env against the demo at the first call, then restores (``_restore``)."""
+
+    ignored_kwargs: tuple[str, ...] = ()  # env kwargs this restore does not depend on
+
+    def __init__(self, demo: Demo, seed: int | None) -> None:
+        self.demo, self.seed, self.checked = demo, seed, False
+
+    def __call__(self, env, k: int):
+        if not self.checked:
+            self._check_env(env)
+            self.checked = True
+        return self._restore(env, k)
+
+    def _check_env(self, env) -> None:
+        _check_not_sticky(env)
+        recorded = self.demo.meta.get("env_spec")
+        if recorded is None:
+            warnings.warn(
+                "the demo's meta has no 'env_spec' (it predates it), so nothing checks that it is "
+                "replayed in the env it was recorded in; record it again with record_demo, or set "
+                "demo.meta['env_spec'].",
+                stacklevel=2,
+            )
+        else:
+            current = _env_spec(env)
+            if self._relevant(recorded) != self._relevant(current):
+                raise ValueError(
+                    f"the demo was recorded in env {recorded} but is replayed in env {current}; "
+                    "make the env with the demo's id and arguments, or record a demo in this env."
+                )
+        space = env.action_space
+        if not isinstance(space, gym.spaces.Discrete):
+            raise ValueError(f"the demo's actions are discrete indices, but the env's action space is {space}.")
+        outside = (self.demo.actions < space.start) | (self.demo.actions >= space.start + space.n)
+        if outside.any():
+            step = int(np.argmax(outside))
+            raise ValueError(
+                f"demo action {self.demo.actions[step]} at step {step} is outside the env's action "
+                f"space {space}; the demo was recorded with another action set."
+            )
+
+    def _relevant(self, spec: dict) -> dict:
+        kwargs = {k: v for k, v in spec["kwargs"].items() if k not in self.ignored_kwargs}
+        return {"id": spec["id"], "kwargs": kwargs}
+
+
 def _diverged(demo: Demo, step: int, reward: float) -> ValueError:
     return ValueError(
         f"demo replay diverged at step {step}: the env gave reward {reward}, the demo recorded "
@@ -30,14 +79,10 @@ def _diverged(demo: Demo, step: int, reward: float) -> ValueError:
     )
 
 
-class _ReplayRestore:
+class _ReplayRestore(_Restore):
     """Any deterministic gymnasium env: seeded reset, then ``env.step`` through the demo."""
 
-    def __init__(self, demo: Demo, seed: int | None) -> None:
-        self.demo, self.seed = demo, seed
-
-    def __call__(self, env, k: int):
-        _check_not_sticky(env)
+    def _restore(self, env, k: int):
         obs, _ = env.reset(seed=self.seed)
         for step in range(k):
             obs, reward, terminated, truncated, _ = env.step(int(self.demo.actions[step]))
@@ -52,15 +97,17 @@ class _ReplayRestore:
         return obs
 
 
-class _ALERestore:
+class _ALERestore(_Restore):
     """ALE emulator frames: nearest earlier state, then ``ale.act`` per demo action.
 
     Earlier states: the demo's snapshots, the states this process cached every
     ``snapshot_every`` frames while replaying, and the state one frame before the
     last restored point (envs keep their starting point until the maximum moves).
     A restored ALE state shows its screen only after the next frame, so replays
-    always start strictly below ``k``.
+    always start strictly below ``k``. The env's frameskip does not matter here.
     """
+
+    ignored_kwargs = ("frameskip",)
 
     def __init__(self, demo: Demo, seed: int | None, snapshot_every: int) -> None:
         if demo.meta.get("frameskip", 1) != 1:
@@ -68,7 +115,8 @@ class _ALERestore:
                 f"restore='ale' replays one emulator frame per demo action, but the demo has "
                 f"frameskip={demo.meta['frameskip']}; use restore='replay' with the same frame skip."
             )
-        self.demo, self.seed, self.snapshot_every = demo, seed, snapshot_every
+        super().__init__(demo, seed)
+        self.snapshot_every = snapshot_every
         self.steps = sorted(demo.snapshots)  # steps with a stored or cached state
         self.cache: dict[int, object] = {}  # step -> ALEState
         self.last: tuple[int, object] | None = None
@@ -91,14 +139,16 @@ class _ALERestore:
             self.cache[step] = state
             bisect.insort(self.steps, step)
 
-    def __call__(self, env, k: int):
-        unwrapped = env.unwrapped
-        if not hasattr(unwrapped, "ale"):
+    def _check_env(self, env) -> None:
+        if not hasattr(env.unwrapped, "ale"):
             raise TypeError(
-                f"restore='ale' needs an ALE env, got {type(unwrapped).__name__}; "
+                f"restore='ale' needs an ALE env, got {type(env.unwrapped).__name__}; "
                 "use restore='replay' or a callable."
             )
-        _check_not_sticky(env)
+        super()._check_env(env)
+
+    def _restore(self, env, k: int):
+        unwrapped = env.unwrapped
         ale, action_set = unwrapped.ale, unwrapped._action_set
         start, state = self._nearest_below(k)
         if state is None:

@@ -43,8 +43,10 @@ composed exactly like ``ParallelEnv``.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
@@ -74,12 +76,24 @@ class ReverseCurriculum(Transform):
     ``score`` (float64 ``[*B, 1]``, game points) starts at
     ``demo.returns[k]`` and its ``demo_index`` (int64 ``[*B, 1]``) at ``k``.
     Each step adds the reward to ``score`` and ``frames_per_step`` to
-    ``demo_index``; the episode is truncated when ``score >= demo.total``
+    ``demo_index``; the episode is truncated when it succeeds
     (``end_on_success``) or when it lags the demo, i.e.
     ``score < demo.returns[demo_index - max_lag]`` (``max_lag``, as in the
     reference). When an episode ends, ``("next", success_key)`` (bool
-    ``[*B, 1]``) is ``score >= demo.total``, and the manager records it; the
-    manager updates whenever it is :attr:`ResetManager.due`. A restoring-only
+    ``[*B, 1]``) says whether it succeeded, and the manager records it; the
+    manager updates whenever it is :attr:`ResetManager.due`.
+
+    Success: ``score >= demo.total`` and ``demo_index >= F``, where ``F`` is
+    the demo step where the demo's score becomes final (one after its last
+    nonzero reward; 0 if it has none). The score rule is the reference's
+    (openai/atari-reset ``ReplayResetEnv.step``: ``as_good_as_demo`` is
+    ``score >= returns[-1]``); the index rule is ours, for demos with negative
+    rewards, whose score can still fall: there an episode that ends before the
+    demo's final state (earlier than ``F``) is not a success. With non-negative
+    rewards it only differs from the reference for an episode that reaches the
+    total faster than the demo and then ends before ``F``. Success compares
+    scores only: in an env whose rewards are only a cost per step, an episode
+    that lasts to ``F`` without extra cost succeeds, goal or not. A restoring-only
     transform reset without a starting point (``env.reset()``) restores to 0.
 
     Args:
@@ -97,14 +111,17 @@ class ReverseCurriculum(Transform):
             the state one frame before the last restored point). A callable
             ``restore(gym_env, k) -> observation`` does it the user's way.
             Both built-ins compare every replayed reward with the demo's and
-            raise ``ValueError`` on divergence, and reject sticky actions.
+            raise ``ValueError`` on divergence, and reject sticky actions; at
+            their first restore they compare the demo's ``meta["env_spec"]``
+            with the env (``"ale"`` ignores ``frameskip``; a demo without it
+            gets a warning) and check its actions against the env's action space.
             Defaults to ``None`` (no restoring role).
         seed (int, optional): reset seed of the replays. Defaults to ``demo.seed``.
         snapshot_every (int): ``"ale"`` cache stride in frames. Defaults to ``100``.
         frames_per_step (int): demo steps per env step (4 for an ALE env with
             frame skip 4 and a frame-level demo). Defaults to ``1``.
         max_lag (int, optional): see above. Defaults to ``None`` (no lag rule).
-        end_on_success (bool): truncate once the demo's total is reached.
+        end_on_success (bool): truncate once the episode succeeds (see above).
             Defaults to ``True``.
         starting_point_key, score_key, demo_index_key, success_key, reward_key,
         done_key, truncated_key (NestedKey): entry names. Defaults to
@@ -115,8 +132,10 @@ class ReverseCurriculum(Transform):
         ValueError: neither role is requested, ``restore`` is an unknown string,
             a count is not positive, the manager's size does not match the env,
             an assigning-only transform sits on an env whose state spec lacks
-            ``starting_point_key`` (its workers need the restoring role), or a
-            starting point is outside the demo.
+            ``starting_point_key`` (its workers need the restoring role), a
+            starting point is outside the demo, or (first restore) the demo was
+            recorded in another env or holds an action outside the env's
+            action space (the messages name both envs, or the step and the space).
         TypeError: the restoring role sits on a batched or non-gymnasium env.
 
     Examples:
@@ -169,8 +188,9 @@ class ReverseCurriculum(Transform):
                 "build the manager with ResetManager(len(demo), num_envs)."
             )
         for name, value in [("snapshot_every", snapshot_every), ("frames_per_step", frames_per_step)]:
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        snapshot_every, frames_per_step = int(snapshot_every), int(frames_per_step)
         if max_lag is not None and max_lag < 0:
             raise ValueError(f"max_lag must be >= 0 or None, got {max_lag}.")
         seed = demo.seed if seed is None else seed
@@ -188,6 +208,8 @@ class ReverseCurriculum(Transform):
         self.demo_index_key, self.success_key = demo_index_key, success_key
         self.reward_key, self.done_key, self.truncated_key = reward_key, done_key, truncated_key
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
+        scored = np.flatnonzero(demo.rewards)
+        self._final_index = int(scored[-1]) + 1 if len(scored) else 0
 
     # specs -------------------------------------------------------------------------------
     def _point_spec(self, shape, device):
@@ -286,7 +308,7 @@ class ReverseCurriculum(Transform):
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)
         if self.end_on_success:
-            end |= score >= self.demo.total
+            end |= self._succeeded(score, index)
         if self.max_lag is not None:
             behind = (index - self.max_lag).clamp(0, len(self.demo))
             end |= score < returns[behind]
@@ -297,9 +319,14 @@ class ReverseCurriculum(Transform):
         next_tensordict.set(self.truncated_key, truncated | end)
         next_tensordict.set(self.done_key, next_tensordict.get(self.done_key) | end)
 
+    def _succeeded(self, score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return (score >= self.demo.total) & (index >= self._final_index)
+
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
-        success = done & (next_tensordict.get(self.score_key) >= self.demo.total)
+        success = done & self._succeeded(
+            next_tensordict.get(self.score_key), next_tensordict.get(self.demo_index_key)
+        )
         next_tensordict.set(self.success_key, success)
         if done.any():
             ended = done.reshape(-1)
