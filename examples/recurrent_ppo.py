@@ -89,7 +89,7 @@ class Config:
     lr: float = opt(1e-3, "Adam learning rate")
     anneal_lr: bool = opt(True, "decay the learning rate linearly to 0 over total_frames")
     anneal_clip: bool = opt(True, "decay clip_epsilon linearly to 0 over total_frames")
-    epochs: int = opt(20, "passes over each rollout")
+    epochs: int = opt(10, "passes over each rollout")
     minibatches: int = opt(1, "gradient steps per epoch (windows mode)")
     clip_epsilon: float = opt(0.2, "PPO clip range")
     entropy_coeff: float = opt(0.0, "entropy bonus weight")

@@ -93,10 +93,12 @@ def test_stream_world_model_writes_finite_losses_and_plot(tmp_path):
 
 
 @pytest.mark.slow
-def test_recurrent_ppo_reaches_the_learning_goal(tmp_path):
-    """Default task and options, seed 0: mean return >= 450 within 500k frames."""
-    out = run_example("recurrent_ppo.py", "--seed", "0", "--stop-at-target",
-                      "--runs-dir", str(tmp_path), "--name", "goal", timeout=90 * 60)
+def test_recurrent_ppo_reaches_the_learning_goal_and_stays(tmp_path):
+    """Default task and options, seed 0: mean return >= 450 within the default 100k frames,
+    and still >= 450 over the last 20 episodes when the run ends."""
+    out = run_example("recurrent_ppo.py", "--seed", "0", "--runs-dir", str(tmp_path), "--name", "goal",
+                      timeout=30 * 60)
     rows = read_csv(tmp_path / "goal" / "metrics.csv")
     reached = [int(r["frames"]) for r in rows if float(r["return_mean"]) >= 450]
-    assert reached and reached[0] <= 500_000, out[-2000:]
+    assert reached and reached[0] <= 100_000, out[-2000:]
+    assert float(rows[-1]["return_mean"]) >= 450, out[-2000:]
