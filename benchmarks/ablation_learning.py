@@ -17,9 +17,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
+from bench_learning import (  # benchmarks/bench_learning.py
+    TARGET,
+    load_main_job,
+    summary,
+)
 from tqdm import tqdm
-
-from bench_learning import TARGET, load_main_job, summary  # benchmarks/bench_learning.py
 
 ROWS = {
     "defaults": {},

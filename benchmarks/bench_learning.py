@@ -67,14 +67,10 @@ def run_ours(seed: int, frames: int) -> list[dict]:
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
 
 
-def run_sb3(seed: int, frames: int) -> list[dict]:
-    from sb3_contrib import RecurrentPPO
+def train_sb3(model, frames: int) -> list[dict]:
+    """Train an sb3 model for `frames` frames; one row per rollout: frames, wall_s, return_mean
+    (of the last WINDOW finished episodes, undiscounted, as the Monitor wrapper saw them)."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    def linear(start: float):
-        return lambda progress_remaining: progress_remaining * start
 
     class Log(BaseCallback):
         def __init__(self):
@@ -90,6 +86,19 @@ def run_sb3(seed: int, frames: int) -> list[dict]:
             self.rows.append({"frames": self.num_timesteps, "return_mean": mean,
                               "wall_s": round(time.perf_counter() - self.start, 2)})
 
+    log = Log()
+    model.learn(frames, callback=log)
+    return log.rows
+
+
+def run_sb3(seed: int, frames: int) -> list[dict]:
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    def linear(start: float):
+        return lambda progress_remaining: progress_remaining * start
+
     venv = VecNormalize(make_vec_env(masked_cartpole, n_envs=8, seed=seed), gamma=0.98)
     model = RecurrentPPO(
         "MlpLstmPolicy", venv, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
@@ -97,9 +106,7 @@ def run_sb3(seed: int, frames: int) -> list[dict]:
         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])),
     )
-    log = Log()
-    model.learn(frames, callback=log)  # the linear schedules run over `frames` (the zoo's 1e5)
-    return log.rows
+    return train_sb3(model, frames)  # the linear schedules run over `frames` (the zoo's 1e5)
 
 
 def summary(rows: list[dict], cap: int) -> dict:

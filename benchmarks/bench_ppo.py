@@ -26,6 +26,7 @@ from tensordict.nn import (
     TensorDictModule,
     TensorDictSequential,
 )
+from timing import seconds_per_call  # benchmarks/timing.py
 from torch import nn
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,
@@ -33,7 +34,6 @@ from torchrl.objectives.value.functional import (
 )
 
 from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, boundary_gae, make_windows
-from timing import seconds_per_call  # benchmarks/timing.py
 
 MODES = ("reset_continue", "mask", "inverse_count")
 

@@ -25,12 +25,12 @@ import time
 
 import torch
 from tensordict import TensorDict
+from timing import seconds_per_call  # benchmarks/timing.py
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
-from timing import seconds_per_call  # benchmarks/timing.py
 
 
 def parse_args():

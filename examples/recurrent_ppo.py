@@ -38,8 +38,22 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
-from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv, VecNormV2
-from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.envs import (
+    Compose,
+    InitTracker,
+    ParallelEnv,
+    RewardSum,
+    SerialEnv,
+    TransformedEnv,
+    VecNormV2,
+)
+from torchrl.modules import (
+    MLP,
+    OneHotCategorical,
+    ProbabilisticActor,
+    TanhNormal,
+    ValueOperator,
+)
 from torchrl.modules.distributions import NormalParamExtractor
 from torchrl.objectives import ClipPPOLoss
 from tqdm import tqdm
@@ -167,6 +181,13 @@ def make_env(cfg: Config) -> TransformedEnv:
     return TransformedEnv(batched, Compose(*transforms))
 
 
+class IndependentOneHotCategorical(torch.distributions.Independent):
+    """k independent one-hot categoricals, logits ``[*, k, n]``; log-probs summed over k."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__(OneHotCategorical(logits=logits), 1)
+
+
 def make_agent(cfg: Config, env: TransformedEnv):
     """Actor and critic, each an MLP encoder -> ResetRNN(GRU) -> head."""
     obs_dim = env.observation_spec["observation"].shape[-1]
@@ -195,11 +216,14 @@ def make_agent(cfg: Config, env: TransformedEnv):
 
     actor_trunk, actor_rnn = trunk("actor")
     critic_trunk, critic_rnn = trunk("critic")
-    if discrete:
-        head = TensorDictModule(MLP(in_features=cfg.hidden, out_features=action_spec.shape[-1],
-                                    num_cells=[cfg.hidden], activation_class=activation),
-                               in_keys=["actor_features"], out_keys=["logits"])
-        dist_keys, dist_class, dist_kwargs = ["logits"], OneHotCategorical, {}
+    if discrete:  # one-hot [n], or [k, n] for a gymnasium MultiDiscrete action (k choices of n)
+        head = TensorDictModule(
+            nn.Sequential(MLP(in_features=cfg.hidden, out_features=action_spec.shape.numel(),
+                              num_cells=[cfg.hidden], activation_class=activation),
+                          nn.Unflatten(-1, action_spec.shape)),
+            in_keys=["actor_features"], out_keys=["logits"])
+        dist_class = OneHotCategorical if len(action_spec.shape) == 1 else IndependentOneHotCategorical
+        dist_keys, dist_kwargs = ["logits"], {}
     else:
         head = TensorDictModule(
             nn.Sequential(MLP(in_features=cfg.hidden, out_features=2 * action_spec.shape[-1],

@@ -41,9 +41,27 @@ import torch.nn.functional as F
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import Bounded, LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
-from torchrl.envs import CatFrames, Compose, GymEnv, ObservationTransform, ParallelEnv, SignTransform, TransformedEnv
-from torchrl.modules import ActorValueOperator, OneHotCategorical, ProbabilisticActor, ValueOperator
+from torchrl.data import (
+    Bounded,
+    LazyTensorStorage,
+    SamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
+from torchrl.envs import (
+    CatFrames,
+    Compose,
+    GymEnv,
+    ObservationTransform,
+    ParallelEnv,
+    SignTransform,
+    TransformedEnv,
+)
+from torchrl.modules import (
+    ActorValueOperator,
+    OneHotCategorical,
+    ProbabilisticActor,
+    ValueOperator,
+)
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 from tqdm import tqdm

@@ -1,0 +1,161 @@
+"""POPGym memory tasks: the main job's batching and boundary modes, side by side with sb3-contrib.
+
+A grid of POPGym envs (Morad et al., "POPGym: Benchmarking Partially Observable
+Reinforcement Learning", ICLR 2023) x modes x seeds, ``--frames`` env frames per cell:
+
+- ours: ``examples/recurrent_ppo.py`` with its defaults but for the env and the mode:
+  ``reset_continue``, ``mask`` and ``inverse_count`` (windows, ``RecurrentPPOLoss``) and
+  ``streams`` (stream chunks with a carried state);
+- ``sb3``: sb3-contrib ``RecurrentPPO("MlpLstmPolicy")`` with its default hyperparameters
+  and 8 envs, for the same frames (needs the ``bench`` extra; ``--no-sb3`` leaves it out).
+
+Both see the same observations: every space encoded into one flat float vector by
+``EncodeObservation`` (one-hots for the discrete parts). For every cell it reports the
+MMER, POPGym's metric: the maximum over the run of the mean episodic return (here the mean
+of the last 20 finished episodes, after every rollout), and the frames until that mean
+first reaches ``--threshold``. Writes under ``--out``: ``memory.csv`` (one row per rollout
+of every run), ``memory_table.md`` (median MMER over seeds, and the range) and
+``memory_curves.png`` (one panel per env: mean and range over seeds of each mode).
+
+    python benchmarks/bench_memory.py                               # the default suite
+    python benchmarks/bench_memory.py --envs RepeatFirstEasy --modes reset_continue,mask --seeds 0,1,2,3,4
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from tqdm import tqdm
+
+from bench_learning import WINDOW, load_main_job, train_sb3  # benchmarks/bench_learning.py
+from torchrl_seqchunk import EncodeObservation
+
+SUITE = ("RepeatFirstEasy", "CountRecallEasy", "AutoencodeEasy", "ConcentrationEasy", "HigherLowerEasy",
+         "MineSweeperEasy", "BattleshipEasy", "MultiarmedBanditEasy", "VelocityOnlyCartpoleEasy",
+         "PositionOnlyPendulumEasy")
+MODES = ("reset_continue", "mask", "inverse_count", "streams", "sb3")
+
+
+def env_id(name: str) -> str:
+    return f"popgym:popgym-{name}-v0"  # importing popgym registers "popgym-<Name>-v0"
+
+
+def run_ours(name: str, mode: str, seed: int, frames: int, num_envs: int) -> list[dict]:
+    job = load_main_job()
+    batching = {"batching": "streams"} if mode == "streams" else {"boundary_mode": mode}
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = job.Config(env=env_id(name), keep="all", seed=seed, total_frames=frames, num_envs=num_envs,
+                         runs_dir=runs, name="cell", progress=False, **batching)
+        return job.main(cfg)
+
+
+def run_sb3(name: str, seed: int, frames: int, num_envs: int) -> list[dict]:
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    venv = make_vec_env(lambda: EncodeObservation(gym.make(env_id(name))), n_envs=num_envs, seed=seed)
+    return train_sb3(RecurrentPPO("MlpLstmPolicy", venv, seed=seed), frames)
+
+
+def cell_summary(rows: list[dict], threshold: float, cap: int) -> dict:
+    means = [r["return_mean"] for r in rows if not math.isnan(r["return_mean"])]
+    reached = [r["frames"] for r in rows if r["return_mean"] >= threshold]
+    return {"mmer": max(means, default=float("nan")), "frames_to_threshold": reached[0] if reached else cap}
+
+
+def plot(curves: dict, envs: list[str], modes: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(len(envs), 5)
+    fig, axes = plt.subplots(-(-len(envs) // cols), cols, figsize=(3.2 * cols, 2.6 * -(-len(envs) // cols)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, envs):
+        for mode in modes:
+            runs = curves.get((name, mode))
+            if not runs:
+                continue
+            length = min(len(r) for r in runs)
+            frames = [r["frames"] for r in runs[0][:length]]
+            values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
+            values = [[v for v in vs if not math.isnan(v)] or [float("nan")] for vs in values]
+            line, = ax.plot(frames, [statistics.mean(v) for v in values], label=mode, lw=1)
+            ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
+                            color=line.get_color())
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(envs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.supxlabel("env frames")
+    fig.supylabel(f"mean return, last {WINDOW} episodes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--envs", default=",".join(SUITE), help="comma-separated POPGym env names")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per run, both sides")
+    parser.add_argument("--threshold", type=float, default=0.0,
+                        help="mean return whose first frame is reported (POPGym returns lie in [-1, 1])")
+    parser.add_argument("--no-sb3", action="store_true", help="leave sb3-contrib out (no bench extra needed)")
+    parser.add_argument("--out", default="runs/bench_memory", help="output folder")
+    args = parser.parse_args()
+    envs, seeds = args.envs.split(","), [int(s) for s in args.seeds.split(",")]
+    modes = [m for m in args.modes.split(",") if not (args.no_sb3 and m == "sb3")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from {MODES}")
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    curves, cells = {}, {}
+    grid = [(name, mode, seed) for name in envs for mode in modes for seed in seeds]
+    with open(out / "memory.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["env", "mode", "seed", "frames", "wall_s", "return_mean"])
+        writer.writeheader()
+        for name, mode, seed in tqdm(grid, desc="grid"):
+            if mode == "sb3":
+                rows = run_sb3(name, seed, args.frames, args.num_envs)
+            else:
+                rows = run_ours(name, mode, seed, args.frames, args.num_envs)
+            writer.writerows({"env": name, "mode": mode, "seed": seed, "frames": r["frames"],
+                              "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows)
+            f.flush()
+            curves.setdefault((name, mode), []).append(rows)
+            cells.setdefault((name, mode), []).append(cell_summary(rows, args.threshold, args.frames))
+    lines = [f"MMER (median over seeds {args.seeds}, range) and frames to a mean return of "
+             f"{args.threshold:g} (median), {args.frames:,} frames per run", "",
+             "| env | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes)]
+    for name in envs:
+        entries = []
+        for mode in modes:
+            got = cells[(name, mode)]
+            mmer = [c["mmer"] for c in got]
+            frames = statistics.median(c["frames_to_threshold"] for c in got)
+            entries.append(f"{statistics.median(mmer):.3f} ({min(mmer):.3f} to {max(mmer):.3f}), {frames:,.0f}")
+        lines.append(f"| {name} | " + " | ".join(entries) + " |")
+    table = "\n".join(lines)
+    (out / "memory_table.md").write_text(table + "\n")
+    print(table)
+    plot(curves, envs, modes, out / "memory_curves.png")
+    print(f"wrote {out / 'memory.csv'}, {out / 'memory_table.md'} and {out / 'memory_curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
