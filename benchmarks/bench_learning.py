@@ -52,6 +52,7 @@ def masked_cartpole() -> gym.Env:
 
 
 def load_main_job():
+    sys.path.insert(0, str(ROOT / "examples"))  # for its examples/cli.py
     spec = importlib.util.spec_from_file_location("recurrent_ppo", ROOT / "examples" / "recurrent_ppo.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there

@@ -31,9 +31,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
+from bench_learning import (  # benchmarks/bench_learning.py
+    WINDOW,
+    load_main_job,
+    train_sb3,
+)
 from tqdm import tqdm
 
-from bench_learning import WINDOW, load_main_job, train_sb3  # benchmarks/bench_learning.py
 from torchrl_seqchunk import EncodeObservation
 
 SUITE = ("RepeatFirstEasy", "CountRecallEasy", "AutoencodeEasy", "ConcentrationEasy", "HigherLowerEasy",

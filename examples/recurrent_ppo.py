@@ -21,7 +21,6 @@ Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import functools
@@ -69,10 +68,7 @@ from torchrl_seqchunk import (
 )
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
 
-
-def opt(default, help: str):
-    """A Config field whose command-line help is `help`."""
-    return dataclasses.field(default=default, metadata={"help": help})
+from cli import config_parser, opt  # examples/cli.py
 
 
 @dataclasses.dataclass
@@ -136,18 +132,7 @@ LOGGED = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_
 
 
 def parse_args(argv=None) -> Config:
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
-    for field in dataclasses.fields(Config):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
-                                help=field.metadata["help"])
-        else:
-            parser.add_argument(flag, type=type(field.default), default=field.default,
-                                choices=CHOICES.get(field.name), help=field.metadata["help"])
+    parser = config_parser(Config, __doc__, CHOICES)
     cfg = Config(**vars(parser.parse_args(argv)))
     if cfg.batching == "streams" and cfg.boundary_mode != "reset_continue":
         parser.error("--boundary-mode applies to --batching windows only; stream chunks carry the state")

@@ -25,19 +25,18 @@ TorchRL's ClipPPOLoss and GAE.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import ale_py
 import gymnasium as gym
 import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
@@ -68,6 +67,13 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import Demo, ResetManager, ReverseCurriculum, record_demo
 
+from cli import config_parser, opt  # examples/cli.py
+
+try:
+    import ale_py
+except ModuleNotFoundError as err:  # the Atari games come with the optional extra
+    raise SystemExit('this example needs ale-py: pip install -e ".[atari]"') from err
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -78,24 +84,24 @@ FRAME_SKIP = 4
 
 @dataclass
 class Config:
-    total_frames: int = 200_000  # agent steps (x4 emulator frames)
-    num_envs: int = 8
-    seed: int = 0
-    out: str = "runs/reverse_curriculum"
-    device: str = "cpu"
-    steps_per_env: int = 64  # rollout length per env and batch
-    epochs: int = 3
-    minibatch: int = 256
-    lr: float = 2.5e-4
-    gamma: float = 0.99
-    lmbda: float = 0.95
-    clip: float = 0.1
-    entropy: float = 0.01
-    spacing: int = 5  # ResetManager window = spacing * num_envs demo frames below the maximum
-    move_threshold: float = 0.1
-    nudge: int = 100
-    max_lag: int = 100  # emulator frames an episode may trail the demo's score
-    snapshot_every: int = 100  # emulator frames between cached ALE states
+    total_frames: int = opt(200_000, "agent steps of the run (x4 emulator frames)")
+    num_envs: int = opt(8, "ParallelEnv workers, one ALE env each")
+    seed: int = opt(0, "seed of torch and the envs")
+    out: str = opt("runs/reverse_curriculum", "folder of log.csv, curriculum.png and the snapshot cache")
+    device: str = opt("cpu", "torch device of the model")
+    steps_per_env: int = opt(64, "rollout length per env and batch")
+    epochs: int = opt(3, "PPO passes over each batch")
+    minibatch: int = opt(256, "PPO minibatch size")
+    lr: float = opt(2.5e-4, "Adam learning rate")
+    gamma: float = opt(0.99, "discount")
+    lmbda: float = opt(0.95, "GAE lambda")
+    clip: float = opt(0.1, "PPO clip range")
+    entropy: float = opt(0.01, "entropy bonus weight")
+    spacing: int = opt(5, "ResetManager window = spacing * num_envs demo frames below the maximum")
+    move_threshold: float = opt(0.1, "ResetManager: success mass (x window) that moves the maximum back")
+    nudge: int = opt(100, "ResetManager: frames the maximum moves forward when success collapses")
+    max_lag: int = opt(100, "emulator frames an episode may trail the demo's score")
+    snapshot_every: int = opt(100, "emulator frames between cached ALE states")
 
 
 def demo_with_snapshots(cfg: Config) -> Demo:
@@ -283,17 +289,7 @@ def train(cfg: Config, env: TransformedEnv, manager: ResetManager, out: Path) ->
 
 
 def parse_args() -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total-frames", type=int, default=Config.total_frames)
-    parser.add_argument("--seed", type=int, default=Config.seed)
-    parser.add_argument("--num-envs", type=int, default=Config.num_envs)
-    parser.add_argument("--out", default=Config.out)
-    parser.add_argument("--device", default=Config.device)
-    args = parser.parse_args()
-    return Config(
-        total_frames=args.total_frames, seed=args.seed, num_envs=args.num_envs, out=args.out, device=args.device
-    )
-
+    return Config(**vars(config_parser(Config, __doc__).parse_args()))
 
 if __name__ == "__main__":  # ParallelEnv workers re-import this module
     main(parse_args())

@@ -17,7 +17,6 @@ loss_by_position.png, and prints throughput and how long the trainer waited for 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import time
@@ -27,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from tensordict import TensorDict
 from torch import nn
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
@@ -34,30 +34,34 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
+from cli import config_parser, opt  # examples/cli.py
+
+try:
+    import ale_py
+except ModuleNotFoundError as err:  # the Atari games come with the optional extra
+    raise SystemExit('this example needs ale-py: pip install -e ".[atari]"') from err
+
 
 @dataclasses.dataclass
 class Config:
-    env: str = "ALE/Breakout-v5"
-    total_frames: int = 20_000  # env steps collected by the random policy
-    train_steps: int = 150  # gradient steps per model
-    seed: int = 0
-    device: str = "cpu"
-    name: str = ""  # run directory under runs/; "" = derived from the env and seed
-    runs_dir: str = "runs"
-    size: int = 64  # frames are resized to size x size grayscale
-    num_streams: int = 16  # B
-    seq_len: int = 64  # T
-    hidden: int = 256
-    lr: float = 3e-4
-    prefetch_depth: int = 4
-    threads: int = 1  # torch intra-op threads for training (the prefetcher has its own thread)
+    env: str = opt("ALE/Breakout-v5", "Atari game (gymnasium id; needs the atari extra)")
+    total_frames: int = opt(20_000, "env steps collected by the random policy")
+    train_steps: int = opt(150, "gradient steps per model")
+    seed: int = opt(0, "seed of torch, the env and the sampler")
+    device: str = opt("cpu", "torch device of the models")
+    name: str = opt("", 'run directory under --runs-dir; "" derives it from the env and seed')
+    runs_dir: str = opt("runs", "folder of the run directories")
+    size: int = opt(64, "frames are resized to size x size grayscale")
+    num_streams: int = opt(16, "B, streams per chunk")
+    seq_len: int = opt(64, "T, steps per chunk")
+    hidden: int = opt(256, "units of the recurrent layer")
+    lr: float = opt(3e-4, "Adam learning rate")
+    prefetch_depth: int = opt(4, "chunks the ChunkPrefetcher prepares ahead")
+    threads: int = opt(1, "torch intra-op threads for training (the prefetcher has its own thread)")
 
 
 def parse_args(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Config):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default)
-    cfg = Config(**vars(parser.parse_args(argv)))
+    cfg = Config(**vars(config_parser(Config, __doc__).parse_args(argv)))
     cfg.name = cfg.name or f"world_model_{cfg.env.split('/')[-1]}_seed{cfg.seed}"
     return cfg
 
@@ -72,7 +76,6 @@ def collect(cfg: Config, buffer: TensorDictReplayBuffer) -> tuple[int, int]:
     """Play a random policy; write every finished episode into the buffer.
 
     Returns (number of episodes, number of actions)."""
-    import ale_py
 
     gym.register_envs(ale_py)
     env = gym.make(cfg.env, obs_type="grayscale")
