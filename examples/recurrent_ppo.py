@@ -159,7 +159,8 @@ def make_env(cfg: Config) -> TransformedEnv:
     batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
     # is_first: True on the first step of every episode, what ResetRNN resets on.
     transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
-    if cfg.obs_norm:
+    if cfg.obs_norm:  # one set of statistics over all envs (TorchRL calls a batched env experimental)
+        warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
         transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))
     if cfg.reward_norm:
         transforms.append(ReturnScaledReward(gamma=cfg.gamma))
