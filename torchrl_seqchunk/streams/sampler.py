@@ -196,6 +196,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         generator (torch.Generator, optional): source of randomness. Defaults to the
             replay buffer's generator when it has one, else a CPU generator seeded from
             torch's global RNG.
+        seed (int, optional): seeds a CPU generator of the sampler's own, in ``[0, 2**64)``:
+            ``seed=k`` draws exactly as ``generator=torch.Generator().manual_seed(k)``,
+            and only an int has to reach a process that builds its sampler (a learner
+            rank). Exclusive with ``generator``. Defaults to ``None``.
         episode_key (NestedKey, optional): where to write episode ids. Defaults to ``None``.
         step_key (NestedKey, optional): where to write steps-in-episode. Defaults to ``None``.
         mask_key (NestedKey): padding mask key (``replacement=False`` only). Defaults to
@@ -204,8 +208,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Raises:
         TypeError: ``num_streams`` / ``seq_len`` not integers (``int``, numpy integers; a
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
-            ``torch.Generator``.
-        ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
+            ``torch.Generator``, ``seed`` not an integer.
+        ValueError: ``num_streams`` / ``seq_len`` < 1; ``seed`` outside ``[0, 2**64)`` or
+            given with ``generator``; a batch size other than
             ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
             not one-dimensional (at its first write), lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
@@ -218,7 +223,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         >>> from torchrl_seqchunk import StreamChunkSampler
         >>> rb = TensorDictReplayBuffer(
         ...     storage=LazyTensorStorage(100),
-        ...     sampler=StreamChunkSampler(1, 4, generator=torch.Generator().manual_seed(0)),
+        ...     sampler=StreamChunkSampler(1, 4, seed=0),
         ...     batch_size=4,
         ... )
         >>> done = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
@@ -244,6 +249,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         replacement: bool = True,
         only_complete: bool = True,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         episode_key: NestedKey | None = None,
         step_key: NestedKey | None = None,
         mask_key: NestedKey = ("collector", "mask"),
@@ -260,6 +266,19 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
                 "pass torch.Generator().manual_seed(seed)."
             )
+        if seed is not None:
+            if generator is not None:
+                raise ValueError(
+                    f"pass either seed= or generator=, not both; got seed={seed!r} and "
+                    f"generator={generator!r}. Drop one of them."
+                )
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+                raise TypeError(
+                    f"seed must be an int in [0, 2**64), got {seed!r} ({type(seed).__name__})."
+                )
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"seed must be in [0, 2**64), got {seed}; pass a seed in range.")
+            generator = torch.Generator().manual_seed(int(seed))
         self.num_streams, self.seq_len = int(num_streams), int(seq_len)
         self.end_key, self.traj_key, self.is_first_key = end_key, traj_key, is_first_key
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
