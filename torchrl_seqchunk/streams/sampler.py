@@ -30,6 +30,7 @@ from tensordict import NestedKey, TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from .episodes import _as_long, _EpisodeTracker, _WriteLog
 
@@ -143,7 +144,12 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Ring buffers: a step whose slot was rewritten after its episode was queued is never
     emitted; the stream drops the rest of that episode and its next step is an episode
     start. The sampler learns about writes through the replay buffer's ``extend``/``add``
-    calls (write through the buffer, not the storage); a storage that was already filled
+    calls (write through the buffer, not the storage): at every sample it compares the
+    steps counted by the buffer's :class:`~torchrl.data.RoundRobinWriter` (a count shared
+    with worker processes) and the storage's last written slot with the writes it was told
+    of, and raises when a write bypassed ``rb.extend`` (e.g. a multi-process collector given
+    ``replay_buffer=``: feed the buffer from the collector in the owning process instead,
+    e.g. an ingest thread calling ``rb.extend``). A storage that was already filled
     when the sampler first saw it is read in time order, a wrapped ring from the slot after
     its cursor (refused when the buffer wrote into a full storage before the sampler first
     saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
@@ -214,7 +220,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
             not one-dimensional (at its first write), lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
-            an episode is longer than the storage); a state dict for other sizes.
+            an episode is longer than the storage); a state dict for other sizes; steps
+            written into the storage without ``rb.extend`` / ``rb.add`` (by the buffer's
+            writer, or by another buffer's after the first sample).
 
     Examples:
         >>> import torch
@@ -286,6 +294,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._generator = generator
         self._lock = threading.RLock()  # a ChunkPrefetcher samples in its own thread
         self._empty()
+        self._writes_base["own"] = 0  # built with its buffer: it sees that writer's writes
 
     # ----------------------------------------------------------------- replay-buffer hooks
     def add(self, index: int | None) -> None:
@@ -316,6 +325,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _empty(self) -> None:
         self._log = _WriteLog()
+        # write counts that need no hook call: of the own buffer's writer (its count minus
+        # the clock) and of other buffers' writers on the storage; None: taken at next sync
+        self._writes_base = {"own": None, "others": None}
         self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete)
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
@@ -437,6 +449,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
+        self._check_writes_seen(storage)
         slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
         if not slots.numel():
             return
@@ -447,6 +460,56 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
+
+    def _check_writes_seen(self, storage: Storage) -> None:
+        """Raises when steps were written into the storage without this sampler's hooks.
+
+        Two checks. The steps counted by the :class:`~torchrl.data.RoundRobinWriter` of the
+        buffer sampling through this sampler (TorchRL keeps the count in shared memory, so
+        a worker process's writes count too) must equal the sampler's clock, and the
+        writers of other buffers on the same storage must not write after the first sync
+        (before it, theirs is a storage filled before the sampler saw it). The storage's
+        last written slot must be the last slot the hooks reported.
+        """
+        writers = {}  # id -> (writer, written through a buffer sampling with self)
+        for buffer in getattr(storage, "_attached_entities", ()):
+            writer = getattr(buffer, "_writer", None)
+            if isinstance(writer, RoundRobinWriter):
+                own = getattr(buffer, "_sampler", None) is self
+                writers[id(writer)] = (writer, own or writers.get(id(writer), (0, False))[1])
+        own = sum(writer._write_count for writer, mine in writers.values() if mine)
+        others = sum(writer._write_count for writer, mine in writers.values() if not mine)
+        base = self._writes_base
+        if base["own"] is None:
+            base["own"] = own - self._log.clock
+        if base["others"] is None:
+            base["others"] = others
+        unseen = own - base["own"] - self._log.clock + others - base["others"]
+        newest, last = storage._last_cursor_index, self._log.last_slot
+        if unseen > 0:
+            what = (
+                f"the writers count {unseen} more step(s) written than the "
+                f"{self._log.clock} the sampler was told of"
+            )
+        elif last is not None and newest is not None and int(newest) != last:
+            what = (
+                f"the storage's last written slot is {int(newest)}, the last slot written "
+                f"through the buffer is {last}"
+            )
+        else:
+            return
+        raise ValueError(
+            f"StreamChunkSampler did not see every write into its storage: {what}. The "
+            "writes bypassed rb.extend / rb.add of the buffer that samples through this "
+            "sampler (a multi-process collector given replay_buffer=, whose workers write into "
+            "the shared storage; another buffer sharing the storage; rb.storage.set or "
+            "rb.writer.extend called directly), so the sampler cannot tell which episodes they "
+            "belong to nor which queued steps they overwrote. Supported layout: the process "
+            "that owns the buffer and its sampler calls rb.extend with everything written, "
+            "e.g. an ingest thread running `for batch in collector: "
+            "rb.extend(batch.reshape(-1))` with a collector built without replay_buffer=. "
+            "rb.empty() starts over."
+        )
 
     def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
         data = storage[:]
