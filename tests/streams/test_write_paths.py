@@ -1,6 +1,11 @@
 """StreamChunkSampler under TorchRL's write paths: writes it did not see, pickling."""
+import functools
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401  (registers its tensor reductions)
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
@@ -88,3 +93,59 @@ def test_writes_through_the_buffer_pass_the_check_across_ring_wraps():
     for t in range(12):  # rb.add: one step at a time, episodes of 2
         single.add(episodes([2], first_obs=2 * (t // 2))[t % 2])
     assert single.sample()["obs"][0, 0] % 2 == 0
+
+
+def drawn_buffer():
+    """A buffer mid-run: streams part-read, one write not read yet."""
+    rb = buffer(num_streams=2, seq_len=3, capacity=20, episode_key="episode")
+    rb.extend(episodes([3, 7, 2, 5]))
+    [rb.sample() for _ in range(2)]
+    rb.extend(episodes([4, 6], first_obs=17))  # 27 steps in 20 slots: the ring wrapped
+    return rb
+
+
+def test_a_pickled_buffer_emits_the_same_chunks_as_the_original():
+    rb = drawn_buffer()
+    copy = pickle.loads(pickle.dumps(rb))
+    for _ in range(4):
+        assert (copy.sample() == rb.sample()).all()
+    assert copy.sampler._log.stamps is not rb.sampler._log.stamps
+    assert copy.sampler.generator is not rb.sampler.generator
+
+
+def test_shared_buffer_pickled_for_another_process_keeps_the_stamps_local():
+    # rb.share(), then torch.multiprocessing's pickler (what a spawned process or a queue
+    # uses): tensors it meets go to shared memory. The sampler's state travels as arrays,
+    # so the owner's stamps stay local and the copy is independent.
+    rb = drawn_buffer().share()
+    stamps = rb.sampler._log.stamps.clone()
+    copy = ForkingPickler.loads(bytes(ForkingPickler.dumps(rb.sampler)))
+    assert not rb.sampler._log.stamps.is_shared()
+    assert (copy._log.stamps == stamps).all() and copy._log.clock == rb.sampler._log.clock == 27
+    copy.extend(torch.arange(5))  # the copy records writes of its own
+    assert copy._log.clock == 32 and rb.sampler._log.clock == 27
+    assert (rb.sampler._log.stamps == stamps).all()
+
+
+def test_a_multi_process_collector_writing_into_the_buffer_is_named():
+    # The unsupported layout, for real: MultiSyncCollector(replay_buffer=rb) spawns 2
+    # CartPole workers that extend their copies of rb; the learner's sampler is told
+    # nothing. The collector empties the buffer when it starts, so the first look reads
+    # the first batch as a storage filled before the sampler saw it; the next batch is named.
+    collectors = pytest.importorskip("torchrl.collectors")
+    from torchrl.envs import GymEnv
+
+    rb = buffer(num_streams=2, seq_len=4, capacity=64, traj_key=("collector", "traj_ids"))
+    collector = collectors.MultiSyncCollector(
+        [functools.partial(GymEnv, "CartPole-v1")] * 2, policy=None, frames_per_batch=32,
+        total_frames=64, replay_buffer=rb,
+    )
+    try:
+        batches = iter(collector)
+        next(batches)
+        rb.sampler.can_sample(rb.storage, 8)
+        next(batches)
+        with pytest.raises(ValueError, match=UNSEEN + r": the writers count \d+ more step"):
+            rb.sample()
+    finally:
+        collector.shutdown()

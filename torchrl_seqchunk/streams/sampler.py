@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
@@ -89,6 +90,15 @@ class _Stream:
                 kept.append(seg)
         self.segments = kept
         self.unread = sum(seg.slots.numel() for seg in kept)
+
+
+def _tensors_as(state: dict, convert) -> dict:
+    """``state`` (nested dicts) with every tensor or NumPy leaf passed through ``convert``."""
+    return {
+        key: _tensors_as(value, convert) if isinstance(value, dict)
+        else convert(value) if isinstance(value, (torch.Tensor, np.ndarray)) else value
+        for key, value in state.items()
+    }
 
 
 class _NoReplacementDispatch(type(Sampler)):
@@ -178,7 +188,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     deliberate difference from TorchRL's samplers, which accept it); use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
     closed, hands back the chunks it drew but did not deliver (they come next).
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
-    generator state, so a resumed run emits the same chunks as an uninterrupted one.
+    generator state, so a resumed run emits the same chunks as an uninterrupted one. A
+    pickled sampler (``pickle``, ``copy.deepcopy``, a process started with spawn, after
+    ``rb.share()`` too) is an independent copy built from that state: the owner's write
+    stamps never move to shared memory, and writes the copy records in another process are
+    writes the owner did not see (named at its next sample).
 
     Cost: each sample does O(B + queued pieces) Python work besides the gather, plus
     O(new steps) to read the end flags of the steps written since the last sample.
@@ -659,14 +673,35 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     def loads(self, path) -> None:
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
 
+    _SETTINGS = (
+        "num_streams", "seq_len", "end_key", "traj_key", "is_first_key", "replacement",
+        "only_complete", "episode_key", "step_key", "mask_key",
+    )
+
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]  # a lock cannot be pickled; a copy gets its own
-        return state
+        """The settings and :meth:`state_dict`, every tensor as a NumPy array.
+
+        A pickled sampler (``pickle``, ``copy.deepcopy``, a process started with spawn) is
+        an independent copy: its own stream queues, write stamps and clock (kept together)
+        and generator state. Arrays are pickled by value, so torch.multiprocessing never
+        moves the owner's stamps to shared memory (``rb.share()`` and a spawned process
+        leave them local). The copy does not see the owner's writes, nor the owner the
+        copy's: a buffer written in another process raises at the owner's next sample.
+        """
+        with self._lock:
+            state = {name: getattr(self, name) for name in self._SETTINGS}
+            state["generator_device"] = str(self.generator.device)
+            state["state_dict"] = _tensors_as(self.state_dict(), lambda t: t.numpy())
+            return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        saved = _tensors_as(state.pop("state_dict"), torch.from_numpy)
+        self._generator = torch.Generator(state.pop("generator_device"))
         self.__dict__.update(state)
+        self._rng = None
         self._lock = threading.RLock()
+        self.load_state_dict(saved)  # the writes base is taken again at the next sync
 
     def __repr__(self) -> str:
         return (
