@@ -23,6 +23,7 @@ _EXPORTS = {
     "EncodeObservation": "envs",
     "MaskObservation": "envs",
     "ReturnScaledReward": "reward_norm",
+    "TagTrajectories": "distributed.writers",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -376,11 +376,33 @@ def test_is_first_key_and_step_key_options():
         ((np.int64(0), 4), {}, ValueError, "num_streams must be >= 1, got 0"),
         ((2, np.int32(0)), {}, ValueError, "seq_len must be >= 1, got 0"),
         ((2, 4), {"generator": 3}, TypeError, "generator must be a torch.Generator"),
+        ((2, 4), {"seed": 1.5}, TypeError, r"seed must be an int in \[0, 2\*\*64\), got 1.5"),
+        ((2, 4), {"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*64\), got -1"),
+        ((2, 4), {"seed": 2**64}, ValueError, "seed must be in"),
+        ((2, 4), {"seed": 0, "generator": torch.Generator()}, ValueError,
+         "pass either seed= or generator=, not both; got seed=0"),
     ],
 )
 def test_bad_arguments(args, kwargs, error, words):
     with pytest.raises(error, match=words):
         StreamChunkSampler(*args, **kwargs)
+
+
+def test_equal_seeds_give_equal_chunks_as_a_seeded_generator_does():
+    def chunks(**kwargs):
+        kwargs.setdefault("generator", None)
+        rb = buffer(3, 4, episode_key="episode", **kwargs)
+        rb.extend(episodes([3, 7, 2, 9, 5, 4]))
+        return [rb.sample() for _ in range(4)]
+
+    first, again = chunks(seed=5), chunks(seed=np.uint64(5))
+    by_generator = chunks(generator=torch.Generator().manual_seed(5))
+    for a, b, c in zip(first, again, by_generator):
+        assert (a == b).all() and (a == c).all()
+    # 6 episodes, 3 streams: some episode drawn differently within 4 chunks of another seed
+    other = chunks(seed=6)
+    assert any((a["episode"] != b["episode"]).any() for a, b in zip(first, other))
+    assert StreamChunkSampler(1, 1, seed=2**64 - 1).generator.initial_seed() == 2**64 - 1
 
 
 def test_numpy_integer_sizes_are_accepted():

@@ -44,6 +44,7 @@ class _WriteLog:
         self.origin = 0  # stamp of the oldest step ever written
         self.pending = []  # (slots, stamps) of writes not yet taken, in write order
         self.known = 0  # number of slots holding a stamp
+        self.last_slot = None  # slot of the last recorded step (None: none since built)
 
     def record(self, index: torch.Tensor) -> None:
         index = index.reshape(-1).to("cpu", torch.long)
@@ -65,6 +66,7 @@ class _WriteLog:
         self.stamps[index] = stamps
         self.pending.append((index, stamps))
         self.clock += index.numel()
+        self.last_slot = int(index[-1])
 
     def _grow(self, size: int) -> None:
         if self.stamps.numel() < size:

@@ -25,11 +25,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from .episodes import _as_long, _EpisodeTracker, _WriteLog
 
@@ -90,6 +92,15 @@ class _Stream:
         self.unread = sum(seg.slots.numel() for seg in kept)
 
 
+def _tensors_as(state: dict, convert) -> dict:
+    """``state`` (nested dicts) with every tensor or NumPy leaf passed through ``convert``."""
+    return {
+        key: _tensors_as(value, convert) if isinstance(value, dict)
+        else convert(value) if isinstance(value, (torch.Tensor, np.ndarray)) else value
+        for key, value in state.items()
+    }
+
+
 class _NoReplacementDispatch(type(Sampler)):
     # TorchRL's sampler metaclass consumes a ``replacement`` keyword to swap in another
     # class; this sampler handles both modes itself, so the keyword goes to ``__init__``.
@@ -143,7 +154,12 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Ring buffers: a step whose slot was rewritten after its episode was queued is never
     emitted; the stream drops the rest of that episode and its next step is an episode
     start. The sampler learns about writes through the replay buffer's ``extend``/``add``
-    calls (write through the buffer, not the storage); a storage that was already filled
+    calls (write through the buffer, not the storage): at every sample it compares the
+    steps counted by the buffer's :class:`~torchrl.data.RoundRobinWriter` (a count shared
+    with worker processes) and the storage's last written slot with the writes it was told
+    of, and raises when a write bypassed ``rb.extend`` (e.g. a multi-process collector given
+    ``replay_buffer=``: feed the buffer from the collector in the owning process instead,
+    e.g. an ingest thread calling ``rb.extend``). A storage that was already filled
     when the sampler first saw it is read in time order, a wrapped ring from the slot after
     its cursor (refused when the buffer wrote into a full storage before the sampler first
     saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
@@ -172,7 +188,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     deliberate difference from TorchRL's samplers, which accept it); use :class:`~torchrl_seqchunk.ChunkPrefetcher`, which keeps the order and, when
     closed, hands back the chunks it drew but did not deliver (they come next).
     :meth:`state_dict` / :meth:`dumps` hold the stream queues, the write stamps and the
-    generator state, so a resumed run emits the same chunks as an uninterrupted one.
+    generator state, so a resumed run emits the same chunks as an uninterrupted one. A
+    pickled sampler (``pickle``, ``copy.deepcopy``, a process started with spawn, after
+    ``rb.share()`` too) is an independent copy built from that state: the owner's write
+    stamps never move to shared memory, and writes the copy records in another process are
+    writes the owner did not see (named at its next sample).
 
     Cost: each sample does O(B + queued pieces) Python work besides the gather, plus
     O(new steps) to read the end flags of the steps written since the last sample.
@@ -196,6 +216,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         generator (torch.Generator, optional): source of randomness. Defaults to the
             replay buffer's generator when it has one, else a CPU generator seeded from
             torch's global RNG.
+        seed (int, optional): seeds a CPU generator of the sampler's own, in ``[0, 2**64)``:
+            ``seed=k`` draws exactly as ``generator=torch.Generator().manual_seed(k)``,
+            and only an int has to reach a process that builds its sampler (a learner
+            rank). Exclusive with ``generator``. Defaults to ``None``.
         episode_key (NestedKey, optional): where to write episode ids. Defaults to ``None``.
         step_key (NestedKey, optional): where to write steps-in-episode. Defaults to ``None``.
         mask_key (NestedKey): padding mask key (``replacement=False`` only). Defaults to
@@ -204,12 +228,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Raises:
         TypeError: ``num_streams`` / ``seq_len`` not integers (``int``, numpy integers; a
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
-            ``torch.Generator``.
-        ValueError: ``num_streams`` / ``seq_len`` < 1; a batch size other than
+            ``torch.Generator``, ``seed`` not an integer.
+        ValueError: ``num_streams`` / ``seq_len`` < 1; ``seed`` outside ``[0, 2**64)`` or
+            given with ``generator``; a batch size other than
             ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
             not one-dimensional (at its first write), lacks
             ``end_key`` (or ``traj_key``), or holds no eligible episode (also the case when
-            an episode is longer than the storage); a state dict for other sizes.
+            an episode is longer than the storage); a state dict for other sizes; steps
+            written into the storage without ``rb.extend`` / ``rb.add`` (by the buffer's
+            writer, or by another buffer's after the first sample).
 
     Examples:
         >>> import torch
@@ -218,7 +245,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         >>> from torchrl_seqchunk import StreamChunkSampler
         >>> rb = TensorDictReplayBuffer(
         ...     storage=LazyTensorStorage(100),
-        ...     sampler=StreamChunkSampler(1, 4, generator=torch.Generator().manual_seed(0)),
+        ...     sampler=StreamChunkSampler(1, 4, seed=0),
         ...     batch_size=4,
         ... )
         >>> done = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
@@ -244,6 +271,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         replacement: bool = True,
         only_complete: bool = True,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         episode_key: NestedKey | None = None,
         step_key: NestedKey | None = None,
         mask_key: NestedKey = ("collector", "mask"),
@@ -260,6 +288,19 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
                 "pass torch.Generator().manual_seed(seed)."
             )
+        if seed is not None:
+            if generator is not None:
+                raise ValueError(
+                    f"pass either seed= or generator=, not both; got seed={seed!r} and "
+                    f"generator={generator!r}. Drop one of them."
+                )
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+                raise TypeError(
+                    f"seed must be an int in [0, 2**64), got {seed!r} ({type(seed).__name__})."
+                )
+            if not 0 <= seed < 2**64:
+                raise ValueError(f"seed must be in [0, 2**64), got {seed}; pass a seed in range.")
+            generator = torch.Generator().manual_seed(int(seed))
         self.num_streams, self.seq_len = int(num_streams), int(seq_len)
         self.end_key, self.traj_key, self.is_first_key = end_key, traj_key, is_first_key
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
@@ -267,6 +308,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._generator = generator
         self._lock = threading.RLock()  # a ChunkPrefetcher samples in its own thread
         self._empty()
+        self._writes_base["own"] = 0  # built with its buffer: it sees that writer's writes
 
     # ----------------------------------------------------------------- replay-buffer hooks
     def add(self, index: int | None) -> None:
@@ -297,6 +339,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _empty(self) -> None:
         self._log = _WriteLog()
+        # write counts that need no hook call: of the own buffer's writer (its count minus
+        # the clock) and of other buffers' writers on the storage; None: taken at next sync
+        self._writes_base = {"own": None, "others": None}
         self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete)
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
@@ -418,6 +463,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
+        self._check_writes_seen(storage)
         slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
         if not slots.numel():
             return
@@ -428,6 +474,56 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
+
+    def _check_writes_seen(self, storage: Storage) -> None:
+        """Raises when steps were written into the storage without this sampler's hooks.
+
+        Two checks. The steps counted by the :class:`~torchrl.data.RoundRobinWriter` of the
+        buffer sampling through this sampler (TorchRL keeps the count in shared memory, so
+        a worker process's writes count too) must equal the sampler's clock, and the
+        writers of other buffers on the same storage must not write after the first sync
+        (before it, theirs is a storage filled before the sampler saw it). The storage's
+        last written slot must be the last slot the hooks reported.
+        """
+        writers = {}  # id -> (writer, written through a buffer sampling with self)
+        for buffer in getattr(storage, "_attached_entities", ()):
+            writer = getattr(buffer, "_writer", None)
+            if isinstance(writer, RoundRobinWriter):
+                own = getattr(buffer, "_sampler", None) is self
+                writers[id(writer)] = (writer, own or writers.get(id(writer), (0, False))[1])
+        own = sum(writer._write_count for writer, mine in writers.values() if mine)
+        others = sum(writer._write_count for writer, mine in writers.values() if not mine)
+        base = self._writes_base
+        if base["own"] is None:
+            base["own"] = own - self._log.clock
+        if base["others"] is None:
+            base["others"] = others
+        unseen = own - base["own"] - self._log.clock + others - base["others"]
+        newest, last = storage._last_cursor_index, self._log.last_slot
+        if unseen > 0:
+            what = (
+                f"the writers count {unseen} more step(s) written than the "
+                f"{self._log.clock} the sampler was told of"
+            )
+        elif last is not None and newest is not None and int(newest) != last:
+            what = (
+                f"the storage's last written slot is {int(newest)}, the last slot written "
+                f"through the buffer is {last}"
+            )
+        else:
+            return
+        raise ValueError(
+            f"StreamChunkSampler did not see every write into its storage: {what}. The "
+            "writes bypassed rb.extend / rb.add of the buffer that samples through this "
+            "sampler (a multi-process collector given replay_buffer=, whose workers write into "
+            "the shared storage; another buffer sharing the storage; rb.storage.set or "
+            "rb.writer.extend called directly), so the sampler cannot tell which episodes they "
+            "belong to nor which queued steps they overwrote. Supported layout: the process "
+            "that owns the buffer and its sampler calls rb.extend with everything written, "
+            "e.g. an ingest thread running `for batch in collector: "
+            "rb.extend(batch.reshape(-1))` with a collector built without replay_buffer=. "
+            "rb.empty() starts over."
+        )
 
     def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
         data = storage[:]
@@ -577,14 +673,35 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     def loads(self, path) -> None:
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
 
+    _SETTINGS = (
+        "num_streams", "seq_len", "end_key", "traj_key", "is_first_key", "replacement",
+        "only_complete", "episode_key", "step_key", "mask_key",
+    )
+
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]  # a lock cannot be pickled; a copy gets its own
-        return state
+        """The settings and :meth:`state_dict`, every tensor as a NumPy array.
+
+        A pickled sampler (``pickle``, ``copy.deepcopy``, a process started with spawn) is
+        an independent copy: its own stream queues, write stamps and clock (kept together)
+        and generator state. Arrays are pickled by value, so torch.multiprocessing never
+        moves the owner's stamps to shared memory (``rb.share()`` and a spawned process
+        leave them local). The copy does not see the owner's writes, nor the owner the
+        copy's: a buffer written in another process raises at the owner's next sample.
+        """
+        with self._lock:
+            state = {name: getattr(self, name) for name in self._SETTINGS}
+            state["generator_device"] = str(self.generator.device)
+            state["state_dict"] = _tensors_as(self.state_dict(), lambda t: t.numpy())
+            return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        saved = _tensors_as(state.pop("state_dict"), torch.from_numpy)
+        self._generator = torch.Generator(state.pop("generator_device"))
         self.__dict__.update(state)
+        self._rng = None
         self._lock = threading.RLock()
+        self.load_state_dict(saved)  # the writes base is taken again at the next sync
 
     def __repr__(self) -> str:
         return (
