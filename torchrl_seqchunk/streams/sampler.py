@@ -7,13 +7,13 @@ the chunk. ``is_first`` marks the steps where an episode starts. This is the dat
 truncated backpropagation through time over concatenated episodes (as in DreamerV3's
 replay, Hafner et al. 2023, "Mastering Diverse Domains through World Models").
 
-
-The sampler's own pieces are the stream queues (:class:`_Stream`, a queue of
-:class:`_Segment` with O(1) push and take from the head); which episodes exist is
-read by :mod:`torchrl_seqchunk.streams.episodes`. The file runs past the layout's ~450
-lines because the class docstring (about 140 lines) is the sampler's user manual, and the
-snapshots that let a closed :class:`~torchrl_seqchunk.ChunkPrefetcher` hand back undelivered
-chunks live beside the queues they restore.
+Its pieces: the stream queues (:mod:`~torchrl_seqchunk.streams.queues`), which episodes the
+storage holds (:mod:`~torchrl_seqchunk.streams.episodes`) and the checks that every write
+was seen (:mod:`~torchrl_seqchunk.streams.write_checks`). This file keeps the sampling, the
+epochs, the state (with the snapshots that let a closed
+:class:`~torchrl_seqchunk.ChunkPrefetcher` hand back undelivered chunks) and the class
+docstring, the sampler's user manual (about 150 lines), which is why it runs past the
+layout's ~450 lines.
 """
 from __future__ import annotations
 
@@ -21,76 +21,24 @@ import collections
 import heapq
 import numbers
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
-from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
-from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from .episodes import _as_long, _EpisodeTracker, _WriteLog
+from .queues import _Segment, _Stream
+from .write_checks import check_buffers, check_writes_seen, newest_unrecorded
 
 __all__ = ["StreamChunkSampler"]
 
 # Set by a ChunkPrefetcher's worker thread before it asks for a chunk: a list that every
 # StreamChunkSampler drawing that chunk joins (so the chunk can be handed back on close).
 _prefetching = threading.local()
-
-class _Segment:
-    """An episode in a stream queue, or what is left of it.
-
-    ``slots``: storage slots of the unread steps; ``offset``: step-in-episode of
-    ``slots[0]``; ``queued_at``: write clock when queued (a slot stamped later was rewritten).
-    """
-
-    __slots__ = ("slots", "episode", "offset", "queued_at")
-
-    def __init__(self, slots, episode, offset, queued_at):
-        self.slots, self.episode, self.offset, self.queued_at = slots, episode, offset, queued_at
-
-
-class _Stream:
-    """A queue of segments: ``push`` appends, ``take(n)`` removes the first ``n`` unread steps."""
-
-    def __init__(self):
-        self.segments = collections.deque()
-        self.unread = 0
-
-    def push(self, segment: _Segment) -> None:
-        self.segments.append(segment)
-        self.unread += segment.slots.numel()
-
-    def take(self, n: int) -> list[_Segment]:
-        pieces = []
-        while n:
-            head = self.segments[0]
-            k = min(n, head.slots.numel())
-            pieces.append(_Segment(head.slots[:k], head.episode, head.offset, head.queued_at))
-            if k == head.slots.numel():
-                self.segments.popleft()
-            else:
-                head.slots, head.offset = head.slots[k:], head.offset + k
-            self.unread -= k
-            n -= k
-        return pieces
-
-    def drop_stale(self, stamps: torch.Tensor) -> None:
-        """Cuts every segment at its first step rewritten since it was queued."""
-        kept = collections.deque()
-        for seg in self.segments:
-            stale = (stamps[seg.slots] >= seg.queued_at).nonzero()
-            if stale.numel():
-                seg.slots = seg.slots[: int(stale[0])]
-            if seg.slots.numel():
-                kept.append(seg)
-        self.segments = kept
-        self.unread = sum(seg.slots.numel() for seg in kept)
-
 
 def _tensors_as(state: dict, convert) -> dict:
     """``state`` (nested dicts) with every tensor or NumPy leaf passed through ``convert``."""
@@ -380,7 +328,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"batch_size must be num_streams * seq_len = {B} * {T} = {B * T}, got "
                 f"{batch_size}; build the replay buffer with batch_size={B * T}."
             )
-        self._check_buffer(storage)
+        check_buffers(self, storage)
         with self._lock:
             self._sync(storage)
             if not len(self._tracker):
@@ -420,31 +368,6 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 self._load_stream_state(self._undelivered[0])
                 self._undelivered.clear()
 
-    def _check_buffer(self, storage: Storage) -> None:
-        """Refuses a buffer with ``prefetch > 1`` and warns when a buffer that drops the
-        sampler's info samples through this sampler (TorchRL storages list the buffers
-        attached to them)."""
-        for buffer in getattr(storage, "_attached_entities", ()):
-            if getattr(buffer, "_sampler", None) is not self:
-                continue
-            prefetch = getattr(buffer, "_prefetch_cap", 0)
-            if prefetch > 1:
-                raise ValueError(
-                    f"StreamChunkSampler is sampled by a buffer with prefetch={prefetch}, whose "
-                    f"{prefetch} worker threads may run two samples out of order and break the "
-                    "streams (chunk k + 1 must continue chunk k). Build the buffer with "
-                    "prefetch=None or 1, and prefetch with ChunkPrefetcher(rb.sample), which "
-                    "keeps the order."
-                )
-            if not isinstance(buffer, TensorDictReplayBuffer):
-                warnings.warn(
-                    f"StreamChunkSampler is sampled by a {type(buffer).__name__}, which returns "
-                    "the data without the sampler's info: the chunks carry no "
-                    f"{self.is_first_key!r} flags. Use TensorDictReplayBuffer, or read them "
-                    "from rb.sample(return_info=True)[1].",
-                    stacklevel=2,
-                )
-
     def _end_rule(self, storage: Storage) -> str:
         """How episodes end here, said as the condition that never held."""
         if self.traj_key is None or (
@@ -463,8 +386,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 f"StreamChunkSampler needs a one-dimensional storage, got ndim={storage.ndim}; "
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
-        self._check_writes_seen(storage)
-        slots, stamps = self._log.take_pending(len(storage), self._newest_unrecorded(storage))
+        check_writes_seen(self, storage)
+        slots, stamps = self._log.take_pending(len(storage), newest_unrecorded(self, storage))
         if not slots.numel():
             return
         try:
@@ -474,56 +397,6 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
-
-    def _check_writes_seen(self, storage: Storage) -> None:
-        """Raises when steps were written into the storage without this sampler's hooks.
-
-        Two checks. The steps counted by the :class:`~torchrl.data.RoundRobinWriter` of the
-        buffer sampling through this sampler (TorchRL keeps the count in shared memory, so
-        a worker process's writes count too) must equal the sampler's clock, and the
-        writers of other buffers on the same storage must not write after the first sync
-        (before it, theirs is a storage filled before the sampler saw it). The storage's
-        last written slot must be the last slot the hooks reported.
-        """
-        writers = {}  # id -> (writer, written through a buffer sampling with self)
-        for buffer in getattr(storage, "_attached_entities", ()):
-            writer = getattr(buffer, "_writer", None)
-            if isinstance(writer, RoundRobinWriter):
-                own = getattr(buffer, "_sampler", None) is self
-                writers[id(writer)] = (writer, own or writers.get(id(writer), (0, False))[1])
-        own = sum(writer._write_count for writer, mine in writers.values() if mine)
-        others = sum(writer._write_count for writer, mine in writers.values() if not mine)
-        base = self._writes_base
-        if base["own"] is None:
-            base["own"] = own - self._log.clock
-        if base["others"] is None:
-            base["others"] = others
-        unseen = own - base["own"] - self._log.clock + others - base["others"]
-        newest, last = storage._last_cursor_index, self._log.last_slot
-        if unseen > 0:
-            what = (
-                f"the writers count {unseen} more step(s) written than the "
-                f"{self._log.clock} the sampler was told of"
-            )
-        elif last is not None and newest is not None and int(newest) != last:
-            what = (
-                f"the storage's last written slot is {int(newest)}, the last slot written "
-                f"through the buffer is {last}"
-            )
-        else:
-            return
-        raise ValueError(
-            f"StreamChunkSampler did not see every write into its storage: {what}. The "
-            "writes bypassed rb.extend / rb.add of the buffer that samples through this "
-            "sampler (a multi-process collector given replay_buffer=, whose workers write into "
-            "the shared storage; another buffer sharing the storage; rb.storage.set or "
-            "rb.writer.extend called directly), so the sampler cannot tell which episodes they "
-            "belong to nor which queued steps they overwrote. Supported layout: the process "
-            "that owns the buffer and its sampler calls rb.extend with everything written, "
-            "e.g. an ingest thread running `for batch in collector: "
-            "rb.extend(batch.reshape(-1))` with a collector built without replay_buffer=. "
-            "rb.empty() starts over."
-        )
 
     def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
         data = storage[:]
@@ -541,25 +414,6 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             )
         alive = self._log.stamps[slots] == stamps
         self._tracker.update(data, slots, stamps, alive)
-
-    def _newest_unrecorded(self, storage: Storage) -> int | None:
-        """The slot written last into a storage that was full before the sampler saw it (its
-        ring may have wrapped, so time order starts after that slot); ``None`` otherwise."""
-        if self._log.known >= len(storage) or len(storage) < storage.max_size:
-            return None  # every slot's write was recorded, or the ring never wrapped
-        newest = storage._last_cursor_index  # TorchRL storages keep their last written slot
-        if self._log.clock or newest is None:
-            raise ValueError(
-                f"StreamChunkSampler cannot tell the time order of the "
-                f"{len(storage) - self._log.known} step(s) a full storage held before the "
-                "sampler first saw it: "
-                + ("the buffer wrote into it since, so its cursor no longer marks where those "
-                   "steps end" if self._log.clock else "the storage keeps no cursor")
-                + " (a wrapped ring is not in slot order). Sample once before writing through "
-                "the buffer (rb.sampler.can_sample(rb.storage, batch_size) is enough), or start "
-                "from an empty storage."
-            )
-        return int(newest)
 
     def _deal_epoch(self) -> None:
         """Deals every episode once: longest first to the least-filled stream (Graham's LPT
