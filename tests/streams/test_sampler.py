@@ -647,6 +647,23 @@ def test_interleaved_envs_without_traj_key_are_refused():
     assert rb.sample().batch_size == (2, 3)
 
 
+
+def test_single_env_cut_by_reset_at_each_iter_is_told_the_right_cause():
+    # one env, a collector with reset_at_each_iter=True: batch 1 = traj 0 cut after 3 steps
+    # with no done, batch 2 = traj 1 (a fresh reset) ending at step 2
+    done = torch.tensor([0, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+    data = TensorDict({("next", "done"): done, ("collector", "traj_ids"): torch.tensor([0, 0, 0, 1, 1, 1])}, [6])
+    rb = buffer(1, 3)
+    rb.extend(data)
+    with pytest.raises(ValueError, match=r"changes from \[0\] to \[1\].*reset_at_each_iter=True.*traj_key="):
+        rb.sample()
+    rb = buffer(1, 3, traj_key=("collector", "traj_ids"))
+    rb.extend(data)  # with traj_key the cut trajectory stays open and never mixes in
+    chunk = rb.sample()
+    assert chunk["collector", "traj_ids"].tolist() == [[1, 1, 1]]
+    assert chunk["is_first"].squeeze(-1).tolist() == [[True, False, False]]
+
+
 def test_resume_keeps_which_episode_owns_each_slot():
     """A running trajectory that lost its first slots to a finished episode must not claim
     them back on load: overwriting them later must still remove that episode."""

@@ -289,7 +289,8 @@ class _EpisodeTracker:
 
     def _check_not_interleaved(self, data, slots, ends, lost_before) -> None:
         """Refuses collector trajectory ids that change inside what ``end_key`` calls one
-        episode: the writes interleave several envs, whose steps would be mixed."""
+        episode: the writes interleave several envs, or a trajectory was cut without an end
+        flag; either way steps of different trajectories would be joined."""
         ids = self._read(data, _COLLECTOR_TRAJ_KEY, slots, required=False)
         if ids is None:
             return
@@ -300,9 +301,11 @@ class _EpisodeTracker:
             raise ValueError(
                 f"{_COLLECTOR_TRAJ_KEY!r} changes from {ids[t].tolist()} to "
                 f"{ids[t + 1].tolist()} between two steps written one after the other, with no "
-                f"{self.end_key!r} flag between them: the writes interleave several envs (a "
-                "flattened [num_envs, T] collector batch). Pass "
-                f"traj_key={_COLLECTOR_TRAJ_KEY!r} so that each env's episodes stay apart."
+                f"{self.end_key!r} flag between them: either the writes interleave several envs "
+                "(a flattened [num_envs, T] collector batch), or a trajectory was cut without an "
+                "end flag (a collector with reset_at_each_iter=True starts new trajectories at "
+                f"every batch). Pass traj_key={_COLLECTOR_TRAJ_KEY!r} so that each trajectory's "
+                "steps stay apart."
             )
 
     @staticmethod
