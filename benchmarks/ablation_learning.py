@@ -29,10 +29,10 @@ ROWS = {
     "no ReturnScaledReward": {"reward_norm": False},
     "no observation normalization": {"obs_norm": False},
     "20 epochs instead of 10": {"epochs": 20},
-    "windows of 8 at every step": {"window": 8, "stride": 1},
     "gamma 0.99, GAE lambda 0.95": {"gamma": 0.99, "lmbda": 0.95},
     "LSTM instead of GRU": {"cell": "lstm"},
     "stream chunks (8 x 32, carried state)": {"batching": "streams"},
+    "boundary_mode mask": {"boundary_mode": "mask"},
 }
 
 
