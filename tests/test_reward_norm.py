@@ -54,3 +54,19 @@ def test_constant_reward_stays_positive_and_statistics_resume():
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ReturnScaledReward(**kwargs)
+
+
+def test_a_reset_without_done_starts_a_new_return_and_bad_done_shapes_are_named():
+    gamma = 0.5
+    transform = ReturnScaledReward(gamma=gamma)
+    step = lambda: transform._step(TensorDict({}, [2]), TensorDict(
+        {"reward": torch.ones(2, 1), "done": torch.zeros(2, 1, dtype=torch.bool)}, [2]))
+    step(), step()
+    assert transform._return.squeeze(-1).tolist() == [1.5, 1.5]  # 1, then 0.5 * 1 + 1
+    # a collector resetting env 0 with no done step (reset_at_each_iter=True)
+    transform._reset(TensorDict({"_reset": torch.tensor([[True], [False]])}, [2]), TensorDict({}, [2]))
+    step()
+    assert transform._return.squeeze(-1).tolist() == [1.0, 1.75]
+    with pytest.raises(ValueError, match=r"done_key 'done' has shape \[2, 2\], the reward \[2, 1\]"):
+        transform._step(TensorDict({}, [2]), TensorDict(
+            {"reward": torch.ones(2, 1), "done": torch.zeros(2, 2, dtype=torch.bool)}, [2]))

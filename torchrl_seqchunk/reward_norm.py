@@ -85,7 +85,12 @@ class ReturnScaledReward(Transform):
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         reward = next_tensordict.get(self.reward_key)
-        done = next_tensordict.get(self.done_key).reshape(reward.shape)
+        done = next_tensordict.get(self.done_key)
+        if done.shape != reward.shape:
+            raise ValueError(
+                f"done_key {self.done_key!r} has shape {list(done.shape)}, the reward "
+                f"{list(reward.shape)}; one done flag per reward, as TorchRL stores them."
+            )
         if self._return is None or self._return.shape != reward.shape:
             self._return = torch.zeros_like(reward)
         self._return = self._return * self.gamma + reward
@@ -96,4 +101,11 @@ class ReturnScaledReward(Transform):
         return next_tensordict
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        # envs reset without a done step (e.g. a collector's reset_at_each_iter) start a new return
+        if self._return is not None:
+            reset = tensordict.get("_reset", None) if tensordict is not None else None
+            if reset is None:
+                self._return = torch.zeros_like(self._return)
+            else:
+                self._return = self._return.masked_fill(reset.reshape(self._return.shape), 0.0)
         return tensordict_reset

@@ -81,3 +81,12 @@ def test_tag_values_shapes_and_pickling():
 def test_bad_arguments_and_batches(args, data, error, words):
     with pytest.raises(error, match=words):
         TagTrajectories(*args)(TensorDict(data, [2]))
+
+
+def test_narrow_id_dtypes_are_tagged_in_int64_and_bool_ids_refused():
+    ids = torch.tensor([2**30, 5], dtype=torch.int32)  # 2**30 * 4 + 1 overflows int32
+    out = TagTrajectories(1, 4)(TensorDict({("collector", "traj_ids"): ids}, [2]))
+    assert out["collector", "traj_ids"].dtype == torch.long
+    assert out["collector", "traj_ids"].tolist() == [2**32 + 1, 21]
+    with pytest.raises(TypeError, match="integer ids"):
+        TagTrajectories(1, 4)(TensorDict({("collector", "traj_ids"): torch.tensor([True, False])}, [2]))

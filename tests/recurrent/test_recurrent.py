@@ -703,3 +703,9 @@ def test_empty_time_is_refused_and_empty_batch_runs(backend):
     assert [tuple(s.shape) for s in (h if isinstance(h, tuple) else (h,))] == (
         [(0, H)] if backend == "scan" else [(0, 2, H)] * 2
     )
+
+
+def test_step_mode_names_an_empty_batch():
+    module = ResetRNN(nn.GRU(3, 4, batch_first=True), in_key="x")
+    with pytest.raises(ValueError, match=r"empty batch \[0\]"):
+        module(TensorDict({"x": torch.randn(0, 3), "is_first": torch.zeros(0, 1, dtype=torch.bool)}, [0]))

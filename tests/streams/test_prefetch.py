@@ -284,3 +284,37 @@ def test_a_cuda_device_without_cuda_is_named():
     with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
         ChunkPrefetcher(counter(), device="cuda")
     assert not prefetch_threads()
+
+
+def test_a_worker_left_in_its_source_at_close_draws_nothing_more():
+    reference = stream_buffer()
+    expected = [reference.sample()["obs"].tolist() for _ in range(5)]
+    rb, pause = stream_buffer(), [0.0]
+
+    def slow_source():
+        chunk = rb.sample()
+        time.sleep(pause[0])
+        return chunk
+
+    prefetcher = ChunkPrefetcher(slow_source, depth=1)
+    got = [next(prefetcher)["obs"].tolist()]
+    time.sleep(0.2)
+    pause[0] = 1.0  # the worker now sleeps inside its source after each draw
+    got.append(next(prefetcher)["obs"].tolist())
+    time.sleep(0.1)
+    with pytest.warns(UserWarning, match="still inside a source call"):
+        prefetcher.close(timeout=0.1)
+    got.append(rb.sample()["obs"].tolist())  # continues chunk 2 at once
+    time.sleep(1.5)  # the worker wakes up: it may not draw or rewind any more
+    got += [rb.sample()["obs"].tolist() for _ in range(2)]
+    assert got == expected
+
+
+def test_a_second_prefetcher_on_the_same_sampler_is_refused():
+    rb = stream_buffer()
+    first, second = ChunkPrefetcher(rb.sample), ChunkPrefetcher(rb.sample)
+    try:
+        with pytest.raises(ValueError, match="second ChunkPrefetcher"):
+            next(first), next(second)
+    finally:
+        first.close(), second.close()

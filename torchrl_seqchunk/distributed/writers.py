@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 
+import torch
 from tensordict import NestedKey, TensorDictBase
 
 __all__ = ["TagTrajectories"]
@@ -76,7 +77,7 @@ class TagTrajectories:
                 f"{sorted(map(str, td.keys(True, True)))}); pass traj_key= naming the "
                 "trajectory ids the collector writes."
             )
-        if ids.is_floating_point():
+        if ids.is_floating_point() or ids.dtype == torch.bool:
             raise TypeError(
                 f"traj_key {self.traj_key!r} must hold integer ids, got dtype {ids.dtype}; "
                 "store the ids as torch.long."
@@ -87,7 +88,8 @@ class TagTrajectories:
                 "which the tag would map onto another worker's ids; tag the collector's own "
                 "ids (numbered from 0) before any padding."
             )
-        td.set(self.traj_key, ids * self.num_workers + self.worker)
+        # in int64: a narrower dtype would wrap and merge two workers' trajectories
+        td.set(self.traj_key, ids.long() * self.num_workers + self.worker)
         return td
 
     def __repr__(self) -> str:

@@ -295,6 +295,11 @@ class ResetRNN(TensorDictModuleBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
+        if not shape.numel():
+            raise ValueError(
+                f"ResetRNN step mode got an empty batch {list(shape)}; call it on at least one "
+                "env (or skip the call when no env is left)."
+            )
         rows = tensordict.reshape(-1)
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]

@@ -37,6 +37,7 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
             except queue.Full:
                 continue
 
+    _prefetching.stop = stop  # a sampler refuses draws once the prefetcher is closed
     try:
         while not stop.is_set():
             samplers = _prefetching.samplers = []
@@ -221,12 +222,13 @@ class ChunkPrefetcher:
             warnings.warn(
                 f"ChunkPrefetcher.close: the worker is still inside a source call after "
                 f"{timeout} s (the source blocks); it is left running as a daemon thread and "
-                "ends when that call returns, dropping its chunk (a StreamChunkSampler takes "
-                "its chunks back then). Unblock the source, or pass a longer timeout.",
+                "ends when that call returns, dropping its chunk (a StreamChunkSampler took "
+                "its chunks back now and refuses that worker's further draws). Unblock the "
+                "source, or pass a longer timeout.",
                 stacklevel=2,
             )
-        else:  # also when the worker ended first (source exhausted, error)
-            _take_back(self._drawn)
+        _take_back(self._drawn)  # also when the worker ended first (source exhausted, error)
+        self._drawn.clear()  # a worker ending later has nothing left to take back
         self._finished = True
         try:  # the worker's last put may have landed
             while True:

@@ -294,6 +294,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self._streams = [_Stream() for _ in range(self.num_streams)]
         self._ran_out = False
         self._remaining_batches = torch.iinfo(torch.int64).max if self.replacement else 0
+        self._prefetch_thread = None  # the worker thread of the prefetcher drawing ahead
         self._undelivered = collections.deque()  # stream state before each chunk a
         # ChunkPrefetcher drew but has not delivered yet, oldest first
 
@@ -343,7 +344,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 )
             prefetcher = getattr(_prefetching, "samplers", None)
             if prefetcher is not None:  # drawn ahead: keep the state to go back to
+                self._check_prefetcher()
                 self._undelivered.append(self._stream_state())
+                self._prefetch_thread = threading.get_ident()
                 prefetcher.append(self)
             if self.replacement:
                 for stream in self._streams:
@@ -354,6 +357,23 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 self._deal_epoch()
             rows = [stream.take(min(T, stream.unread)) for stream in self._streams]
             return self._chunk(rows)
+
+    def _check_prefetcher(self) -> None:
+        """Refuses a draw by a closed prefetcher's worker still inside its source call, and
+        a draw by a second prefetcher while another holds undelivered chunks: either would
+        take chunks out of the streams behind the back of whoever samples next."""
+        if _prefetching.stop.is_set():
+            raise RuntimeError(
+                "the ChunkPrefetcher drawing from this StreamChunkSampler was closed; its "
+                "worker draws nothing more (its chunks were taken back at close)."
+            )
+        if self._undelivered and self._prefetch_thread != threading.get_ident():
+            raise ValueError(
+                "a second ChunkPrefetcher draws from this StreamChunkSampler while another "
+                "holds chunks it has not delivered; the two would share the streams out of "
+                "order. Use one prefetcher per sampler (close the first before starting "
+                "another), or one buffer and sampler per consumer."
+            )
 
     def _delivered(self) -> None:
         """A :class:`~torchrl_seqchunk.ChunkPrefetcher` handed over the oldest chunk it drew."""
