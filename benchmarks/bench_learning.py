@@ -52,7 +52,8 @@ def masked_cartpole() -> gym.Env:
 
 
 def load_main_job():
-    sys.path.insert(0, str(ROOT / "examples"))  # for its examples/cli.py
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))  # for its examples/cli.py
     spec = importlib.util.spec_from_file_location("recurrent_ppo", ROOT / "examples" / "recurrent_ppo.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
@@ -119,6 +120,17 @@ def summary(rows: list[dict], cap: int) -> dict:
             "reached": first is not None, "final_return": rows[-1]["return_mean"]}
 
 
+def plot_runs(ax, runs: list[list[dict]], label: str, **line_kwargs) -> None:
+    """The mean over runs of ``return_mean`` by frame, with the range shaded (NaN left out)."""
+    length = min(len(r) for r in runs)
+    frames = [r["frames"] for r in runs[0][:length]]
+    values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
+    values = [[v for v in vs if v == v] or [float("nan")] for vs in values]  # v == v: not NaN
+    line, = ax.plot(frames, [statistics.mean(v) for v in values], label=label, **line_kwargs)
+    ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.2,
+                    color=line.get_color())
+
+
 def plot(curves: dict, path: Path) -> None:
     import matplotlib
 
@@ -127,13 +139,7 @@ def plot(curves: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for side, runs in curves.items():
-        length = min(len(r) for r in runs)
-        frames = [r["frames"] for r in runs[0][:length]]
-        values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
-        values = [[v for v in vs if v == v] or [float("nan")] for vs in values]  # drop NaN
-        line, = ax.plot(frames, [statistics.mean(v) for v in values], label=f"{side} (mean of {len(runs)} seeds)")
-        ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.2,
-                        color=line.get_color())
+        plot_runs(ax, runs, f"{side} (mean of {len(runs)} seeds)")
     ax.axhline(TARGET, color="gray", ls="--", lw=1, label=f"target {TARGET:g}")
     ax.set(xlabel="env frames", ylabel=f"mean return, last {WINDOW} episodes",
            title="CartPole-v1 without velocities")

@@ -34,6 +34,7 @@ import torch
 from bench_learning import (  # benchmarks/bench_learning.py
     WINDOW,
     load_main_job,
+    plot_runs,
     train_sb3,
 )
 from tqdm import tqdm
@@ -87,13 +88,7 @@ def plot(curves: dict, envs: list[str], modes: list[str], path: Path) -> None:
             runs = curves.get((name, mode))
             if not runs:
                 continue
-            length = min(len(r) for r in runs)
-            frames = [r["frames"] for r in runs[0][:length]]
-            values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
-            values = [[v for v in vs if not math.isnan(v)] or [float("nan")] for vs in values]
-            line, = ax.plot(frames, [statistics.mean(v) for v in values], label=mode, lw=1)
-            ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.15,
-                            color=line.get_color())
+            plot_runs(ax, runs, mode, lw=1)
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
