@@ -75,6 +75,7 @@ from cli import config_parser, opt  # examples/cli.py
 class Config:
     env: str = opt("CartPole-v1", 'gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatFirstEasy-v0)')
     keep: str = opt("auto", 'observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)')
+    max_episode_steps: int = opt(0, "truncate episodes after this many steps (gymnasium's TimeLimit); 0 keeps the env's own limit")
     total_frames: int = opt(100_000, "env frames of the run; also the length of the lr and clip schedules")
     seed: int = opt(0, "seed of torch, the envs and the sampler")
     device: str = opt("cpu", "torch device of the models and the collector")
@@ -141,6 +142,8 @@ def parse_args(argv=None) -> Config:
             cfg.target
         except ValueError:
             parser.error(f"--target-return must be a number or 'auto', got {cfg.target_return!r}")
+    if cfg.max_episode_steps < 0:
+        parser.error(f"--max-episode-steps must be >= 0 (0: the env's own limit), got {cfg.max_episode_steps}")
     if not cfg.name:
         mode = cfg.boundary_mode if cfg.batching == "windows" else "streams"
         cfg.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', cfg.env)}_{mode}_seed{cfg.seed}"
@@ -155,7 +158,8 @@ def make_env(cfg: Config) -> TransformedEnv:
                           "observation; pass --keep with the indices to keep to make it partial.", stacklevel=2)
     else:
         keep = tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
-    factory = functools.partial(make_masked_env, cfg.env, keep)  # picklable for workers
+    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    factory = functools.partial(make_masked_env, cfg.env, keep, **limit)  # picklable for workers
     batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
     # is_first: True on the first step of every episode, what ResetRNN resets on.
     transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return

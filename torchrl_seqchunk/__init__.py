@@ -15,6 +15,7 @@ _EXPORTS = {
     "MinGRUCell": "recurrent.cells",
     "make_windows": "ppo.windows",
     "RecurrentPPOLoss": "ppo.loss",
+    "slot_weights": "ppo.loss",
     "boundary_gae": "ppo.advantages",
     "Demo": "curriculum.demo",
     "record_demo": "curriculum.demo",

@@ -11,7 +11,7 @@ from tensordict.nn import (
 )
 from torch import nn
 
-from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows
+from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows, slot_weights
 
 OBS, HIDDEN, ACTIONS = 3, 5, 3
 MEMORY = ["actor_state", "critic_state"]
@@ -356,3 +356,32 @@ def test_logged_diagnostics_are_scalars(mode):
     explained = 1 - (target - value).var(0, correction=0) / target.var(0, correction=0)
     torch.testing.assert_close(out["explained_variance"], explained.mean(), atol=1e-5, rtol=1e-5)
 
+
+
+def test_slot_weights_by_hand():
+    # one row of T=5 steps, an episode starts at step 2; windows W=3, stride 1: steps 0-2, 1-3, 2-4
+    rollout = TensorDict({
+        "obs": torch.zeros(1, 5, OBS),
+        "actor_state": torch.zeros(1, 5, HIDDEN),
+        ("next", "done"): torch.tensor([[False, True, False, False, False]]).unsqueeze(-1),
+    }, [1, 5])
+    windows = make_windows(rollout, 3, memory_key="actor_state")
+    is_first, count_weight = windows["is_first"], windows["count_weight"]
+    n = 1 / 9  # N * W = 9 slots
+    assert torch.allclose(slot_weights(is_first, count_weight, "reset_continue"), torch.full((3, 3), n))
+    # mask drops the slots from the reset at step 2 on: window 0 keeps steps 0, 1
+    expected_mask = torch.tensor([[n, n, 0.0], [n, 0.0, 0.0], [n, n, n]])
+    assert torch.allclose(slot_weights(is_first, count_weight, "mask"), expected_mask)
+    # windows per step: 1, 2, 3, 2, 1 -> each step's weights sum to 1/5
+    per_step = torch.zeros(5)
+    weights = slot_weights(is_first, count_weight, "inverse_count")
+    for start in range(3):
+        per_step[start:start + 3] += weights[start]
+    assert torch.allclose(per_step, torch.full((5,), 0.2))
+
+
+def test_slot_weights_refuses_bad_input():
+    with pytest.raises(ValueError, match="boundary_mode"):
+        slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3), "masked")
+    with pytest.raises(ValueError, match=r"\[N, W\]"):
+        slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 4), "mask")
