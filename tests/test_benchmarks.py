@@ -5,11 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench_boundary  # noqa: E402
 import bench_learning  # noqa: E402
 import bench_memory  # noqa: E402
 
@@ -62,3 +64,40 @@ def test_sb3_side_runs_when_the_bench_extra_is_installed(tmp_path):
     pytest.importorskip("sb3_contrib")
     rows = bench_memory.run_sb3("RepeatFirstEasy", seed=0, frames=256, num_envs=2)
     assert [r["frames"] for r in rows] == [256]  # RecurrentPPO's default n_steps=128 per env
+
+
+def test_boundary_statistics_by_hand():
+    rows = [{"return_mean": float("nan")}, {"return_mean": 0.1}, {"return_mean": 0.2}]
+    assert bench_boundary.auc(rows, best=0.5) == pytest.approx(0.3)
+    # diffs 1, 2, 3: of the 8 sign flips only +++ and --- reach |sum| = 6
+    mean, low, high, p = bench_boundary.paired_stats([1.0, 2.0, 3.0], np.random.default_rng(0))
+    assert (mean, p) == (2.0, 0.25) and 1.0 <= low <= mean <= high <= 3.0
+
+
+@pytest.mark.parametrize("window", [4, 16])
+def test_boundary_loss_shares_match_a_per_step_count(window):
+    # episodes of 8 steps tile each 32-step rollout row: starts at 0, 8, 16, 24
+    T, L = 32, 8
+    starts = range(T - window + 1)  # stride 1
+    counts = {"reset_continue": [0] * T, "mask": [0] * T}
+    for t in range(T):
+        for s in starts:
+            if s <= t < s + window:
+                counts["reset_continue"][t] += 1
+                counts["mask"][t] += t // L == s // L  # no episode start in (s, t]
+    shares = bench_boundary.loss_shares(window, L)
+    for mode, per_step in counts.items():
+        scale = T / (len(starts) * window)  # weight 1 / (N W) per slot, times the steps of a row
+        expected = [sum(per_step[k::L]) * scale / (T // L) for k in range(L)]
+        assert shares[mode] == pytest.approx(expected, abs=1e-5)
+    assert shares["inverse_count"] == pytest.approx([1.0] * L, abs=1e-5)
+
+
+def test_boundary_benchmark_runs(tmp_path):
+    out = run_bench("bench_boundary.py", "--windows", "4", "--seeds", "0,1", "--modes", "reset_continue,mask",
+                    "--frames", "256", "--out", str(tmp_path))
+    assert "RATIO auc_reset_continue_vs_mask_W4 " in out
+    rows = list(csv.DictReader(open(tmp_path / "boundary.csv")))
+    assert {(r["mode"], r["seed"]) for r in rows} == {(m, s) for m in ("reset_continue", "mask") for s in "01"}
+    assert "| 4 |" in (tmp_path / "boundary_table.md").read_text()
+    assert (tmp_path / "boundary.png").stat().st_size > 1000
