@@ -129,7 +129,7 @@ class Config:
 
 CHOICES = {"batching": ("windows", "streams"), "boundary_mode": ("reset_continue", "mask", "inverse_count"),
            "cell": ("gru", "lstm"), "activation": ("tanh", "relu")}
-LOGGED = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx")
+LOGGED = ("loss_objective", "loss_critic", "entropy", "clip_fraction", "kl_approx")
 
 
 def parse_args(argv=None) -> Config:
