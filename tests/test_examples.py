@@ -42,8 +42,22 @@ def test_recurrent_ppo_writes_finite_metrics_and_curve(tmp_path, options):
             assert math.isfinite(float(row[key])), (key, row)
     # CartPole pays 1 per step: a mean return is at least 1 and at most 500.
     assert all(1 <= float(r["return_mean"]) <= 500 for r in rows)
+    # the policy's entropy over CartPole's 2 actions lies in (0, ln 2]
+    assert all(0 < float(r["entropy"]) <= math.log(2) + 1e-6 for r in rows)
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
     assert "frames_to_450" in out
+
+
+def test_recurrent_ppo_truncates_episodes_at_max_episode_steps(tmp_path):
+    run_example("recurrent_ppo.py", "--max-episode-steps", "5", "--total-frames", "128", "--num-envs", "2",
+                "--rollout-len", "64", "--window", "64", "--stride", "64", "--runs-dir", str(tmp_path),
+                "--name", "run")
+    (row,) = read_csv(tmp_path / "run" / "metrics.csv")
+    # CartPole pays 1 per step, so no episode returns more than 5; each env ends at least 12 in 64 steps
+    assert float(row["return_mean"]) <= 5 and int(row["episodes"]) >= 2 * (64 // 5)
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), "--max-episode-steps",
+                             "-1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 2 and "--max-episode-steps must be >= 0" in result.stderr
 
 
 def test_recurrent_ppo_keeps_a_finished_run_unless_asked(tmp_path):
