@@ -110,7 +110,10 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     e.g. an ingest thread calling ``rb.extend``). A storage that was already filled
     when the sampler first saw it is read in time order, a wrapped ring from the slot after
     its cursor (refused when the buffer wrote into a full storage before the sampler first
-    saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
+    saw it: that order is lost). A ring wrapped (its cursor not at the last slot, or its
+    writers counted more steps than it holds) lost the steps before its oldest one, so the
+    rule for steps overwritten between two samples (below) applies: the episode holding the
+    oldest step is dropped (with ``traj_key``, every episode of those steps). Rows a writer skips (index ``-1``, e.g.
     ``TensorDictMaxValueWriter``) are not steps of the storage (with a warning). It reads
     the new steps at the next sample, so write at most the capacity between two samples:
     a step overwritten before it was read belongs to an unknown trajectory (with
@@ -407,18 +410,23 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
         check_writes_seen(self, storage)
-        slots, stamps = self._log.take_pending(len(storage), newest_unrecorded(self, storage))
+        newest = newest_unrecorded(self, storage)  # not None: a ring wrapped before we saw it
+        slots, stamps = self._log.take_pending(len(storage), newest)
         if not slots.numel():
             return
         try:
-            self._read_writes(storage, slots, stamps)
+            self._read_writes(storage, slots, stamps, after_loss=newest is not None)
         except Exception:  # the writes stay pending: a retry raises the same error
             self._log.put_back(slots, stamps)
             raise
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
 
-    def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
+    def _read_writes(
+        self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor, *, after_loss: bool
+    ) -> None:
+        """Reads the steps at ``slots`` (write order); ``after_loss``: the step written just
+        before the first of them was overwritten unread."""
         data = storage[:]
         if not isinstance(data, TensorDictBase):
             raise TypeError(
@@ -433,7 +441,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 "the envs' episodes stay apart."
             )
         alive = self._log.stamps[slots] == stamps
-        self._tracker.update(data, slots, stamps, alive)
+        self._tracker.update(data, slots, stamps, alive, after_loss)
 
     def _deal_epoch(self) -> None:
         """Deals every episode once: longest first to the least-filled stream (Graham's LPT
