@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    ListStorage,
     ReplayBuffer,
     TensorDictReplayBuffer,
 )
@@ -504,6 +505,21 @@ def test_multi_dimensional_done_flags_are_refused():
     data["next", "done"] = data["next", "done"].expand(3, 5).unsqueeze(-1)  # [N, 5, 1]
     rb.extend(data)
     with pytest.raises(ValueError, match=r"one flag per step, shaped \[N\] or \[N, 1\], got \[5, 1\]"):
+        rb.sample()
+
+
+def test_storages_that_do_not_read_as_one_tensordict_are_refused_with_the_fix():
+    rb = TensorDictReplayBuffer(storage=ListStorage(10), sampler=StreamChunkSampler(1, 2), batch_size=2)
+    rb.extend(episodes([3]))
+    with pytest.raises(TypeError, match=r"ListStorage\[:\] gives a list: a ListStorage keeps every "
+                       r"written item apart; build the buffer with LazyTensorStorage\(capacity\) "
+                       r"or LazyMemmapStorage\(capacity\)"):
+        rb.sample()
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=StreamChunkSampler(1, 2), batch_size=2)
+    rb.extend(torch.arange(3))
+    with pytest.warns(UserWarning), pytest.raises(
+        TypeError, match=r"LazyTensorStorage\[:\] gives a Tensor: extend the buffer with TensorDicts"
+    ):
         rb.sample()
 
 

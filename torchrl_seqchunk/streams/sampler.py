@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from .episodes import _as_long, _EpisodeTracker, _WriteLog
 from .queues import _Segment, _Stream
@@ -179,7 +179,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Raises:
         TypeError: ``num_streams`` / ``seq_len`` not integers (``int``, numpy integers; a
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
-            ``torch.Generator``, ``seed`` not an integer.
+            ``torch.Generator``, ``seed`` not an integer; a storage that does not read as
+            one TensorDict of steps (a ``ListStorage``: use ``LazyTensorStorage`` or
+            ``LazyMemmapStorage``; tensors written instead of TensorDicts).
         ValueError: ``num_streams`` / ``seq_len`` < 1; ``seed`` outside ``[0, 2**64)`` or
             given with ``generator``; a batch size other than
             ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
@@ -429,9 +431,17 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         before the first of them was overwritten unread."""
         data = storage[:]
         if not isinstance(data, TensorDictBase):
+            fix = (
+                "extend the buffer with TensorDicts of steps, e.g. "
+                "rb.extend(TensorDict({'observation': obs, ('next', 'done'): done}, [N]))"
+                if isinstance(storage, TensorStorage)
+                else f"a {type(storage).__name__} keeps every written item apart; build the "
+                "buffer with LazyTensorStorage(capacity) or LazyMemmapStorage(capacity), "
+                "which stack the steps"
+            )
             raise TypeError(
-                f"StreamChunkSampler needs a TensorDict storage, got {type(data).__name__} "
-                "entries; store TensorDicts (e.g. LazyTensorStorage)."
+                f"StreamChunkSampler reads its storage as one TensorDict of steps [N], but "
+                f"{type(storage).__name__}[:] gives a {type(data).__name__}: {fix}."
             )
         if data.batch_dims != 1:
             raise ValueError(
