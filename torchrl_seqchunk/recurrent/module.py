@@ -102,8 +102,9 @@ class ResetRNN(TensorDictModuleBase):
 
     Raises:
         TypeError / ValueError: unsupported ``rnn`` or bad option values (at
-            construction); bad shapes, a sequence-mode input without batch dims, or a carried state whose batch differs from
-            the input while some ``is_first[:, 0]`` is False, or ``carry=True`` under a
+            construction); bad shapes, a sequence-mode input without batch dims, or a
+            carried state whose batch differs from the input while some
+            ``is_first[:, 0]`` is False, or ``carry=True`` under a
             ``torch.func`` transform such as ``vmap`` (at call time); in step
             mode, no ``is_first_key`` entry, or a state entry absent while some row
             is not at an episode start (append :meth:`make_tensordict_primer`).
