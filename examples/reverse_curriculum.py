@@ -144,6 +144,9 @@ class Downsample(ObservationTransform):
 
 def make_worker(demo: Demo, cfg: Config) -> TransformedEnv:
     """One ALE env restored to starting points; runs inside a ParallelEnv worker (picklable)."""
+    # ALE logs its version banner at info level in every process that builds an emulator,
+    # so once per worker; warnings and errors still show
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)
     gym.register_envs(ale_py)
     env = GymEnv(ENV_ID, frameskip=FRAME_SKIP, repeat_action_probability=0.0, obs_type="grayscale")
     return TransformedEnv(

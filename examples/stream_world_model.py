@@ -125,7 +125,7 @@ class FrameModel(nn.Module):
             nn.Conv2d(1, 16, 8, 4, 2), nn.ReLU(), nn.Conv2d(16, 32, 4, 2, 1), nn.ReLU(), nn.Flatten())
         self.action_embed = nn.Embedding(num_actions, 32)
         self.rnn = ResetRNN(nn.GRU(32 * s * s + 32, hidden, batch_first=True),
-                            in_key="embed", out_key="features", carry=carry)
+                            in_key="embed", out_key="features", carry=carry, default_recurrent_mode=True)
         self.decoder = nn.Sequential(  # [N, H] -> [N, 32, S/4, S/4] -> [N, 16, S/4, S/4] -> [N, 1, S, S]
             nn.Linear(hidden, 32 * 4 * s * s), nn.Unflatten(-1, (32, 2 * s, 2 * s)), nn.ReLU(),
             nn.Conv2d(32, 16, 3, 1, 1), nn.PixelShuffle(4))

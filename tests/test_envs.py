@@ -137,6 +137,36 @@ def test_encode_names_an_unsupported_space(space, where):
         EncodeObservation(_Declares(space))
 
 
+# Observations outside their space: gymnasium's flatten raised an IndexError deep inside, or
+# encoded them silently wrong (a one-hot at the wrong index, a bit of 2).
+OUTSIDE = {
+    "discrete_above": (spaces.Discrete(3), 5, r"observation=5 is outside its space Discrete\(3\)"),
+    "discrete_below": (spaces.Discrete(3), -1, r"observation=-1 is outside its space Discrete\(3\)"),
+    "discrete_start": (spaces.Discrete(3, start=2), 0, r"observation=0 .* Discrete\(3, start=2\)"),
+    "discrete_fraction": (spaces.Discrete(3), 1.5, r"observation=1.5 .* Discrete\(3\)"),
+    "multidiscrete_above": (spaces.MultiDiscrete([2, 3]), np.array([1, 3]),
+                            r"observation=array\(\[1, 3\]\) .* MultiDiscrete\(\[2 3\]\)"),
+    "multidiscrete_below": (spaces.MultiDiscrete([2, 3]), np.array([-1, 0]),
+                            r"observation=array\(\[-1,  0\]\) .* MultiDiscrete\(\[2 3\]\)"),
+    "multidiscrete_shape": (spaces.MultiDiscrete([2, 3]), np.array([1]), r"MultiDiscrete\(\[2 3\]\)"),
+    "multibinary": (spaces.MultiBinary(3), np.array([0, 2, 1]),
+                    r"observation=array\(\[0, 2, 1\]\) .* MultiBinary\(3\)"),
+    # a Box value outside its bounds is encoded as it is: the part named is the MultiDiscrete
+    "nested": (spaces.Dict({"a": spaces.Discrete(2),
+                            "b": spaces.Tuple((spaces.Box(0, 1, (1,)), spaces.MultiDiscrete([4])))}),
+               {"a": 1, "b": (np.array([9.0], np.float32), np.array([4]))},
+               r"observation\['b'\]\[1\]=array\(\[4\]\) .* MultiDiscrete\(\[4\]\)"),
+}
+
+
+@pytest.mark.parametrize("name", OUTSIDE)
+def test_encode_names_an_observation_outside_its_space(name):
+    space, obs, match = OUTSIDE[name]
+    with pytest.raises(ValueError, match=match + r", which EncodeObservation would encode wrongly"
+                                                 r".*Fix the env, or declare a space that holds it"):
+        EncodeObservation(_Declares(space)).observation(obs)
+
+
 def test_frozenlake_is_one_hot_through_torchrl():
     env = make_masked_env("FrozenLake-v1", is_slippery=False)
     td = env.reset()

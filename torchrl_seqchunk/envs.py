@@ -27,19 +27,47 @@ DEFAULT_KEEP = {"CartPole-v1": (0, 2)}
 _LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-def _check_encodable(space: gym.Space, where: str) -> None:
-    if isinstance(space, gym.spaces.Tuple):
-        for i, sub in enumerate(space.spaces):
-            _check_encodable(sub, f"{where}[{i}]")
-    elif isinstance(space, gym.spaces.Dict):
-        for key, sub in space.spaces.items():
-            _check_encodable(sub, f"{where}[{key!r}]")
-    elif not isinstance(space, _LEAF_SPACES):
-        raise TypeError(
-            f"{where}={space} ({type(space).__name__}) cannot be encoded as a flat float vector; "
-            f"only Box, Discrete, MultiDiscrete, MultiBinary and Tuple/Dict of them can. Wrap the env "
-            f"in a gymnasium.ObservationWrapper that maps it to one of these spaces first."
-        )
+def _leaves(space: gym.Space, where: str, value=None):
+    """Yields ``(part, where, value of the part)`` for every part of ``space`` that is not a
+    ``Tuple`` or ``Dict``, ``where`` naming it (``obs['key'][0]``)."""
+    if isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict)):
+        dict_space = isinstance(space, gym.spaces.Dict)
+        for key, sub in space.spaces.items() if dict_space else enumerate(space.spaces):
+            yield from _leaves(sub, f"{where}[{key!r}]", None if value is None else value[key])
+    else:
+        yield space, where, value
+
+
+def _check_encodable(space: gym.Space) -> None:
+    for part, where, _ in _leaves(space, "env.observation_space"):
+        if not isinstance(part, _LEAF_SPACES):
+            raise TypeError(
+                f"{where}={part} ({type(part).__name__}) cannot be encoded as a flat float "
+                "vector; only Box, Discrete, MultiDiscrete, MultiBinary and Tuple/Dict of them "
+                "can. Wrap the env in a gymnasium.ObservationWrapper that maps it to one of "
+                "these spaces first."
+            )
+
+
+def _check_in_space(space: gym.Space, observation) -> None:
+    """Refuses a discrete part outside its space (its one-hot would be wrong or out of range);
+    ``Box`` values are encoded as they are, inside their bounds or not."""
+    for part, where, value in _leaves(space, "observation", observation):
+        if isinstance(part, gym.spaces.Box):
+            continue
+        number = np.asarray(value, dtype=np.float64)
+        if isinstance(part, gym.spaces.Discrete):
+            low, high, shape_ok = part.start, part.start + part.n, number.size == 1
+        elif isinstance(part, gym.spaces.MultiDiscrete):
+            low, high, shape_ok = part.start, part.start + part.nvec, number.shape == part.shape
+        else:  # MultiBinary
+            low, high, shape_ok = 0, 2, number.shape == part.shape
+        if not (shape_ok and np.all((low <= number) & (number < high) & (number % 1 == 0))):
+            raise ValueError(
+                f"{where}={value!r} is outside its space {part}, which EncodeObservation would "
+                "encode wrongly or not at all: the env returned an observation its "
+                "observation_space does not hold. Fix the env, or declare a space that holds it."
+            )
 
 
 class EncodeObservation(gym.ObservationWrapper):
@@ -66,6 +94,11 @@ class EncodeObservation(gym.ObservationWrapper):
     Raises:
         TypeError: if the observation space, or any part of it, is another space (``Text``,
             ``Graph``, ``Sequence``, ``OneOf``, ...); the message names the part.
+        ValueError: at a step, if a ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` part
+            of the observation is outside its space (a value out of range, not an integer,
+            or of another shape); the message names the part (``observation['key'][0]``),
+            its value and its space. ``Box`` values are encoded as they are, even outside
+            their bounds.
 
     Examples:
         >>> import gymnasium as gym
@@ -78,13 +111,14 @@ class EncodeObservation(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        _check_encodable(env.observation_space, "env.observation_space")
+        _check_encodable(env.observation_space)
         flat = gym.spaces.utils.flatten_space(env.observation_space)
         self.observation_space = gym.spaces.Box(
             low=flat.low.astype(np.float32), high=flat.high.astype(np.float32), dtype=np.float32
         )
 
     def observation(self, observation):
+        _check_in_space(self.env.observation_space, observation)
         flat = gym.spaces.utils.flatten(self.env.observation_space, observation)
         return np.asarray(flat, dtype=np.float32)
 

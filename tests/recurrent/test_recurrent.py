@@ -1,11 +1,14 @@
 """Tests for torchrl_seqchunk.recurrent: every backend against a per-step reference loop."""
+import contextlib
 import functools
+import warnings
 
 import pytest
 import torch
 from tensordict import TensorDict, unravel_key
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
+from torchrl.modules import set_recurrent_mode
 
 from torchrl_seqchunk import MinGRUCell, ResetRNN, rnn_with_resets
 from torchrl_seqchunk.recurrent import backends as recurrent
@@ -479,6 +482,95 @@ def test_step_mode_without_state_or_batch_dims():
     assert td["features"].shape == (H,)
     assert td["recurrent_state", "h"].abs().sum() == 0  # no state in the input: zeros
     assert td["next", "recurrent_state", "c"].shape == (H,)
+
+
+# the keys each layout writes: output entries (both modes), state entries used and next
+# (step mode only)
+WRITTEN = {
+    "gru2": (["features"], ["recurrent_state", ("next", "recurrent_state")]),
+    "lstm2": (["features"], [("recurrent_state", "h"), ("recurrent_state", "c"),
+                             ("next", "recurrent_state", "h"), ("next", "recurrent_state", "c")]),
+    "rssm_nested": (
+        [("features", "deter"), ("features", "latent", "stoch")],
+        [("recurrent_state", "deter"), ("recurrent_state", "latent", "stoch"),
+         ("next", "recurrent_state", "deter"), ("next", "recurrent_state", "latent", "stoch")],
+    ),
+}
+
+
+@pytest.mark.parametrize("how", ["inferred", "context"])
+@pytest.mark.parametrize("kind", list(WRITTEN))
+def test_out_keys_list_exactly_what_each_mode_writes(kind, how):
+    module = ResetRNN(make_rnn(kind), state_shape=STATE_SHAPE.get(kind))
+    outputs, states = WRITTEN[kind]
+    step = TensorDict({"embed": torch.randn(B, F), "is_first": torch.ones(B, 1, dtype=torch.bool)}, [B])
+    for td, sequence, expected in [
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),
+        (step, False, outputs + states),
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),  # and back
+    ]:
+        given = set(td.keys(True, True))
+        mode = set_recurrent_mode(sequence) if how == "context" else contextlib.nullcontext()
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an inferred sequence mode warns
+            out = module(td.clone())
+            keys = module.out_keys
+        assert keys == expected
+        assert set(out.select(*keys).keys(True, True)) == set(expected)  # every key is there
+        assert set(out.keys(True, True)) - given <= set(expected)  # nothing else is written
+
+
+# how step mode is said: the module's default, TorchRL's context, the context over a default
+STEP_MODE = {"default": (False, False), "context": (None, True), "override": (True, True)}
+
+
+@pytest.mark.parametrize("how", list(STEP_MODE))
+@pytest.mark.parametrize("kind", ["gru2", "lstmcell"])
+def test_step_mode_on_a_multi_dim_env_batch_steps_every_env(kind, how):
+    """An env batch [2, 3] in step mode: 6 envs, each one step per call, as a per-step loop."""
+    rnn = make_rnn(kind)
+    default, in_context = STEP_MODE[how]
+    module = ResetRNN(rnn, default_recurrent_mode=default)
+    mode = set_recurrent_mode(False) if in_context else contextlib.nullcontext()
+    steps = 5
+    x, flags = torch.randn(2, 3, steps, F), torch.rand(2, 3, steps) < 0.3
+    flags[..., 0] = True
+    next_keys = [unravel_key(("next", k)) for k in module.state_keys]
+    outputs, previous = [], None
+    for t in range(steps):
+        td = TensorDict({"embed": x[:, :, t], "is_first": flags[:, :, t, None]}, [2, 3])
+        for key, value in zip(module.state_keys, previous or []):
+            td.set(key, value)  # what step_mdp does
+        with mode, warnings.catch_warnings():
+            warnings.simplefilter("error")  # no mode is inferred here
+            td = module(td)
+        previous = [td.get(k) for k in next_keys]
+        outputs.append(td["features"])
+    zeros = [torch.zeros(6, steps, *s) for s in state_shapes(rnn)]
+    x_ref, flags_ref = x.reshape(6, steps, F), flags.reshape(6, steps)
+    y_ref, _ = reference(rnn, x_ref, flags_ref, [z[:, 0] for z in zeros], zeros)
+    torch.testing.assert_close(torch.stack(outputs, 2), y_ref.reshape(2, 3, steps, H))
+
+
+def test_inferred_sequence_mode_warns_once_and_a_stated_mode_does_not():
+    def batch():  # [2, 3]: 2 sequences of 3 steps, or an env batch
+        return chunk(torch.randn(2, 3, F), torch.zeros(2, 3, dtype=torch.bool))
+
+    module = ResetRNN(nn.GRUCell(F, H))
+    with pytest.warns(UserWarning, match=r"batch \[2, 3\] in sequence mode .*set_recurrent_mode"):
+        module(batch())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(batch())  # once per module
+        ResetRNN(nn.GRUCell(F, H), default_recurrent_mode=True)(batch())
+        with set_recurrent_mode(True):
+            ResetRNN(nn.GRUCell(F, H))(batch())
+        step = TensorDict({"embed": torch.randn(2, F), "is_first": torch.ones(2, 1, dtype=torch.bool)}, [2])
+        ResetRNN(nn.GRUCell(F, H))(step)  # step mode for one batch dim, as TorchRL's default
+    with pytest.raises(TypeError, match=r"default_recurrent_mode must be True .* got 1"):
+        ResetRNN(nn.GRUCell(F, H), default_recurrent_mode=1)
+    with pytest.raises(ValueError, match=r"sequence mode needs a time dim .* batch \[\]"):
+        ResetRNN(nn.GRUCell(F, H), default_recurrent_mode=True)(step[0])
 
 
 @pytest.mark.parametrize("kind", ["gru2", "rssm"])

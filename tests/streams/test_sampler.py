@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
+    ListStorage,
     ReplayBuffer,
     TensorDictReplayBuffer,
 )
@@ -291,16 +292,54 @@ def test_storage_filled_before_the_sampler_is_read_in_slot_order():
 
 def test_wrapped_storage_filled_before_the_sampler_is_read_in_time_order():
     # 14 steps in 10 slots: slots 0-3 hold steps 10-13, slots 4-9 steps 4-9. In time order
-    # (from slot 4) the storage holds episode 1 (steps 4-6), 2 (7-11) and 3 (12-13) whole;
-    # in slot order steps 10-11 would pass for a whole episode and 7-9 would never end.
+    # (from slot 4) the storage holds episode 1 (steps 4-6), 2 (7-11) and 3 (12-13); in slot
+    # order steps 10-11 would pass for a whole episode and 7-9 would never end. Step 3, whose
+    # end flag said that step 4 starts an episode, was overwritten: episode 1 is dropped.
     storage = LazyTensorStorage(10)
     TensorDictReplayBuffer(storage=storage).extend(episodes([4, 3, 5, 2]))
     sampler = StreamChunkSampler(1, 10, replacement=False, step_key="step")
     rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=10)
     chunk = rb.sample()
-    assert sorted(chunk["obs"][0].tolist()) == list(range(4, 14))
-    assert chunk["step"].tolist() == chunk["k"].tolist()
-    assert (chunk["is_first"].squeeze(-1) == (chunk["k"] == 0)).all()
+    mask = chunk["collector", "mask"]
+    assert sorted(chunk["obs"][mask].tolist()) == list(range(7, 14))
+    assert chunk["step"][mask].tolist() == chunk["k"][mask].tolist()
+    assert (chunk["is_first"].squeeze(-1)[mask] == (chunk["k"][mask] == 0)).all()
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_wrapped_storage_filled_before_the_sampler_drops_its_oldest_partial_episode(replacement):
+    # Episodes of 3, 5, 4 and 3 steps (0-2, 3-7, 8-11, 12-14) in 10 slots: steps 5-14
+    # survive, slot s % 10 holding step s. Steps 5-7 are the tail of an episode whose start
+    # was overwritten: never drawn. Episodes 8-11 and 12-14 are, whole and from their start.
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(episodes([3, 5, 4, 3]))
+    sampler = StreamChunkSampler(
+        2, 7, replacement=replacement, step_key="step", generator=torch.Generator().manual_seed(0)
+    )
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=14)
+    for _ in range(3):
+        chunk = rb.sample()
+        valid = chunk.get(("collector", "mask"), torch.ones(2, 7, dtype=torch.bool))
+        obs, k = chunk["obs"][valid], chunk["k"][valid]
+        assert set(obs.tolist()) <= set(range(8, 15))
+        assert chunk["step"][valid].tolist() == k.tolist()  # the sampler's step-in-episode
+        assert chunk["is_first"].squeeze(-1)[valid].tolist() == (k == 0).tolist()
+    if not replacement:  # one epoch: each of the two episodes once
+        assert sorted(obs.tolist()) == list(range(8, 15))
+
+
+@pytest.mark.parametrize(
+    "lengths, drawn",
+    [([3, 7], range(10)),  # 10 steps: never wrapped, the first episode starts at slot 0
+     ([4, 6, 3, 7], range(13, 20))],  # 20 steps: wrapped twice, the cursor at the last slot
+)
+def test_full_storage_with_its_cursor_at_the_last_slot_wrapped_if_more_was_written(lengths, drawn):
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(episodes(lengths))
+    sampler = StreamChunkSampler(1, 10, replacement=False)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=10)
+    chunk = rb.sample()
+    assert sorted(chunk["obs"][chunk["collector", "mask"]].tolist()) == list(drawn)
 
 
 def test_wrapped_storage_written_again_before_the_first_sample_is_refused():
@@ -466,6 +505,21 @@ def test_multi_dimensional_done_flags_are_refused():
     data["next", "done"] = data["next", "done"].expand(3, 5).unsqueeze(-1)  # [N, 5, 1]
     rb.extend(data)
     with pytest.raises(ValueError, match=r"one flag per step, shaped \[N\] or \[N, 1\], got \[5, 1\]"):
+        rb.sample()
+
+
+def test_storages_that_do_not_read_as_one_tensordict_are_refused_with_the_fix():
+    rb = TensorDictReplayBuffer(storage=ListStorage(10), sampler=StreamChunkSampler(1, 2), batch_size=2)
+    rb.extend(episodes([3]))
+    with pytest.raises(TypeError, match=r"ListStorage\[:\] gives a list: a ListStorage keeps every "
+                       r"written item apart; build the buffer with LazyTensorStorage\(capacity\) "
+                       r"or LazyMemmapStorage\(capacity\)"):
+        rb.sample()
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=StreamChunkSampler(1, 2), batch_size=2)
+    rb.extend(torch.arange(3))
+    with pytest.warns(UserWarning), pytest.raises(
+        TypeError, match=r"LazyTensorStorage\[:\] gives a Tensor: extend the buffer with TensorDicts"
+    ):
         rb.sample()
 
 

@@ -5,10 +5,13 @@ It wraps :func:`~torchrl_seqchunk.rnn_with_resets`, keeps the state between chun
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from tensordict import TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
+from torchrl.modules import recurrent_mode
 
 from .backends import _BACKEND_NAMES, _unroll
 from .state import _reset_mask, _state_layout
@@ -16,30 +19,44 @@ from .state import _reset_mask, _state_layout
 __all__ = ["ResetRNN"]
 
 
-
 class ResetRNN(TensorDictModuleBase):
     """A recurrent TensorDict module that resets per row and carries state across chunks.
 
-    The mode follows the input TensorDict:
+    Two modes, chosen as TorchRL's ``LSTMModule`` / ``GRUModule`` choose theirs: TorchRL's
+    :class:`~torchrl.modules.set_recurrent_mode` context (``True``: sequence, ``False``:
+    step; TorchRL's losses enter ``set_recurrent_mode(True)``) overrides
+    ``default_recurrent_mode``. Where neither says (``default_recurrent_mode=None``, the
+    default), the input's batch dims choose: ``batch_dims >= 2`` sequence mode, else step
+    mode. That inference is a deliberate difference from TorchRL, whose modules then run
+    step mode whatever the batch: a step-mode input with a multi-dim batch (an env batch
+    ``[2, 3]``) would be unrolled as 2 sequences of 3 steps, so the first call inferring
+    sequence mode warns (once per module). Say the mode to silence it.
 
-    * **Sequence mode** (``batch_dims >= 2``, time the last batch dim, e.g. a
-      ``[B, T]`` stream chunk or a ``[N, W]`` window batch; leading dims are
-      flattened into rows): the state is reset where ``is_first[b, t]`` to
+    * **Sequence mode** (time the last batch dim, e.g. a ``[B, T]`` stream chunk or a
+      ``[N, W]`` window batch; leading dims are flattened into rows, a ``[T]`` input is
+      one row): the state is reset where ``is_first[b, t]`` to
       zeros / the learned initial state, or, with ``reset_state_key``, to the
       stored per-step memory ``td[reset_state_key][b, t]`` (``[B, T, *S]``
       per state entry, under the same entry names as the state keys).
       With ``carry=True`` the final state of every row is kept, detached
       (truncated BPTT), and used at ``t = 0`` of the next call where
       ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
-      (for a TensorDict state, every entry under ``(*out_key, name)``).
-    * **Step mode** (``batch_dims <= 1``, acting in a collector): reads the
-      previous state from the state keys, resets rows where ``is_first``, writes
-      the state it used into the root state keys (so a replay buffer stores the
+      (for a TensorDict state, every entry under ``(*out_key, name)``) and
+      nothing else: the per-step states are not written.
+    * **Step mode** (acting in a collector, any batch shape, every element one env):
+      reads the previous state from the state keys, resets elements where ``is_first``,
+      writes the state it used into the root state keys (so a replay buffer stores the
       memory the agent had at each step), the new state into
       ``("next", *state_key)`` and the output into ``out_key``. The flags are
       required (as in TorchRL's ``LSTMModule``); the state may be absent only
       where every row starts an episode (the very first step), elsewhere a
       missing state is an error rather than a silent restart from zeros.
+
+    :attr:`out_keys` lists what the current mode writes: the output entries in
+    sequence mode; those, the state keys and the ``("next", *state_key)`` keys in
+    step mode. When the mode is inferred from the batch, it is the mode of the
+    latest call (step mode before the first). As the list follows the mode,
+    ``select_out_keys`` is not supported.
 
     State layout (see :attr:`state_keys`, :attr:`state_shapes`): a tensor state
     (``nn.GRU`` ``[num_layers, H]``, ``nn.GRUCell`` / :class:`MinGRUCell` ``[H]``)
@@ -79,11 +96,15 @@ class ResetRNN(TensorDictModuleBase):
             e.g. ``(H,)``, ``((H,), (Z,))`` for a tuple state, or
             ``{"deter": (D,), "stoch": (S,)}`` (keys: entry names, any
             NestedKey) for a TensorDict state.
+        default_recurrent_mode (bool, optional): ``True`` sequence mode, ``False`` step
+            mode, ``None`` chosen by the input's batch dims (see above); TorchRL's
+            ``set_recurrent_mode`` context overrides it. Default ``None``.
 
     Raises:
         TypeError / ValueError: unsupported ``rnn`` or bad option values (at
-            construction); bad shapes, or a carried state whose batch differs from
-            the input while some ``is_first[:, 0]`` is False, or ``carry=True`` under a
+            construction); bad shapes, a sequence-mode input without batch dims, or a
+            carried state whose batch differs from the input while some
+            ``is_first[:, 0]`` is False, or ``carry=True`` under a
             ``torch.func`` transform such as ``vmap`` (at call time); in step
             mode, no ``is_first_key`` entry, or a state entry absent while some row
             is not at an episode start (append :meth:`make_tensordict_primer`).
@@ -92,17 +113,25 @@ class ResetRNN(TensorDictModuleBase):
         >>> import torch
         >>> from torch import nn
         >>> from tensordict import TensorDict
+        >>> from torchrl.modules import set_recurrent_mode
         >>> module = ResetRNN(nn.GRU(3, 8, batch_first=True))
         >>> is_first = torch.zeros(4, 10, 1, dtype=torch.bool)
         >>> chunk = TensorDict({"embed": torch.randn(4, 10, 3), "is_first": is_first}, [4, 10])
-        >>> module(chunk)["features"].shape
+        >>> with set_recurrent_mode(True):  # sequence mode, time the last batch dim
+        ...     out = module(chunk)
+        ...     module.out_keys
+        ['features']
+        >>> out["features"].shape
         torch.Size([4, 10, 8])
         >>> module.state_keys, module.state_shapes
         (['recurrent_state'], [torch.Size([1, 8])])
-        >>> is_first = torch.ones(2, 1, dtype=torch.bool)
-        >>> step = module(TensorDict({"embed": torch.randn(2, 3), "is_first": is_first}, [2]))
+        >>> is_first = torch.ones(2, 3, 1, dtype=torch.bool)  # an env batch [2, 3]
+        >>> with set_recurrent_mode(False):  # step mode, one step of each env
+        ...     step = module(TensorDict({"embed": torch.randn(2, 3, 3), "is_first": is_first}, [2, 3]))
+        ...     module.out_keys
+        ['features', 'recurrent_state', ('next', 'recurrent_state')]
         >>> step["recurrent_state"].abs().sum().item(), step["next", "recurrent_state"].shape
-        (0.0, torch.Size([2, 1, 8]))
+        (0.0, torch.Size([2, 3, 1, 8]))
 
         A cell whose state is a TensorDict (here a toy RSSM: deterministic and latent parts):
 
@@ -114,7 +143,8 @@ class ResetRNN(TensorDictModuleBase):
         ...         deter = self.gru(torch.cat([x_t, h["stoch"]], -1), h["deter"])
         ...         stoch = torch.tanh(self.latent(deter))
         ...         return TensorDict(deter=deter, stoch=stoch, batch_size=h.batch_size)
-        >>> rssm = ResetRNN(RSSM(), state_shape={"deter": (8,), "stoch": (2,)})
+        >>> rssm = ResetRNN(RSSM(), state_shape={"deter": (8,), "stoch": (2,)},
+        ...                 default_recurrent_mode=True)
         >>> rssm.state_keys
         [('recurrent_state', 'deter'), ('recurrent_state', 'stoch')]
         >>> out = rssm(chunk.exclude("features"))
@@ -135,6 +165,7 @@ class ResetRNN(TensorDictModuleBase):
         backend: str = "auto",
         carry: bool = True,
         state_shape=None,
+        default_recurrent_mode: bool | None = None,
     ):
         super().__init__()
         if not isinstance(rnn, nn.Module):
@@ -150,6 +181,11 @@ class ResetRNN(TensorDictModuleBase):
             raise ValueError(f"initial_state must be 'zeros' or 'learned', got {initial_state!r}.")
         if backend not in _BACKEND_NAMES:
             raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}.")
+        if not (default_recurrent_mode is None or isinstance(default_recurrent_mode, bool)):
+            raise TypeError(
+                f"default_recurrent_mode must be True (sequence mode), False (step mode) or None "
+                f"(chosen by the batch dims), got {default_recurrent_mode!r}."
+            )
         self.rnn = rnn
         self._layout = layout
         self.state_shapes, names = layout.shapes, layout.names
@@ -164,9 +200,12 @@ class ResetRNN(TensorDictModuleBase):
         self.in_keys = [self.in_key, self.is_first_key, *self.state_keys] + [
             k for k in self.reset_state_keys or [] if k not in self.state_keys
         ]
-        next_keys = [unravel_key(("next", k)) for k in self.state_keys]
         output_names = names if layout.kind == "tensordict" else None
-        self.out_keys = [*self._entry_keys(out_key, output_names), *self.state_keys, *next_keys]
+        self._output_keys = self._entry_keys(out_key, output_names)
+        self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        self.default_recurrent_mode = default_recurrent_mode
+        self._ran_sequence = False  # mode of the latest call, for an inferred mode
+        self._warned_inferred = False
         param = next(rnn.parameters(), torch.empty(0))
         self.initial = None
         if initial_state == "learned":
@@ -181,6 +220,23 @@ class ResetRNN(TensorDictModuleBase):
         if names is None:
             return [key]
         return [unravel_key((key, name)) for name in names]
+
+    @property
+    def recurrent_mode(self) -> bool | None:
+        """``True`` sequence mode, ``False`` step mode, ``None`` chosen by the batch dims:
+        TorchRL's ``set_recurrent_mode`` context if set, else ``default_recurrent_mode``."""
+        mode = recurrent_mode()
+        return self.default_recurrent_mode if mode is None else mode
+
+    @property
+    def out_keys(self) -> list:
+        """The keys the current mode writes (see the class docstring)."""
+        sequence = self.recurrent_mode
+        if sequence is None:
+            sequence = self._ran_sequence
+        if sequence:
+            return list(self._output_keys)
+        return [*self._output_keys, *self.state_keys, *self._next_keys]
 
     # -- state helpers -------------------------------------------------------
     @property
@@ -252,12 +308,32 @@ class ResetRNN(TensorDictModuleBase):
 
     # -- forward -------------------------------------------------------------
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        if tensordict.batch_dims >= 2:
-            return self._sequence(tensordict)
-        return self._step(tensordict)
+        sequence = self.recurrent_mode
+        if sequence is None:
+            sequence = tensordict.batch_dims >= 2
+            if sequence and not self._warned_inferred:
+                self._warned_inferred = True
+                warnings.warn(
+                    f"ResetRNN runs a batch {list(tensordict.shape)} in sequence mode (time the "
+                    "last batch dim) because it has 2 or more batch dims; TorchRL's "
+                    "LSTMModule / GRUModule would run it in step mode. Say which you mean: "
+                    "ResetRNN(..., default_recurrent_mode=True) for a module that only trains "
+                    "on sequences, or call it under torchrl.modules.set_recurrent_mode(True) "
+                    "(sequences) / set_recurrent_mode(False) (one step of each env of a "
+                    "multi-dim env batch). Shown once per module.",
+                    stacklevel=4,  # the caller of nn.Module.__call__
+                )
+        self._ran_sequence = sequence
+        return self._sequence(tensordict) if sequence else self._step(tensordict)
 
     def _sequence(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
+        if not shape:
+            raise ValueError(
+                "ResetRNN sequence mode needs a time dim (the last batch dim), got a TensorDict "
+                "with batch []; give it a batch [T] or [B, T], or call it in step mode "
+                "(torchrl.modules.set_recurrent_mode(False))."
+            )
         rows = tensordict.reshape(-1, shape[-1])
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]

@@ -206,16 +206,19 @@ class _EpisodeTracker:
             return []
         return [entry for entry in self.open.values() if entry.whole and entry.parts]
 
-    def update(self, data: TensorDictBase, slots, stamps, alive) -> None:
+    def update(self, data: TensorDictBase, slots, stamps, alive, after_loss=False) -> None:
         """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
-        False where a slot was written again since (that step is lost). The data is
-        checked before anything changes, so after an error the tracker is as it was."""
+        False where a slot was written again since (that step is lost); ``after_loss``:
+        the step written just before ``slots[0]`` is lost too (a ring that wrapped before
+        the sampler saw it). The data is checked before anything changes, so after an
+        error the tracker is as it was."""
         # keep the stored steps; an episode with lost steps before one of them is not whole
-        lost_before = torch.cat([torch.zeros(1, dtype=torch.bool), ~alive[:-1]])[alive]
+        lost_just_before = torch.cat([torch.tensor([after_loss]), ~alive[:-1]])
+        lost_before = lost_just_before[alive]
         ends = self._read(data, self.end_key, slots[alive], required=self.traj_key is None)
         stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
         if stitch:  # a lost step may be any trajectory's: none written after it is whole
-            lost_before = (~alive).cumsum(0)[alive] > 0
+            lost_before = lost_just_before.cumsum(0)[alive] > 0
         written, slots, stamps = slots, slots[alive], stamps[alive]
         if ends is None:
             ends = torch.zeros(slots.numel(), dtype=torch.bool)

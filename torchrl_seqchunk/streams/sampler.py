@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from .episodes import _as_long, _EpisodeTracker, _WriteLog
 from .queues import _Segment, _Stream
@@ -110,8 +110,12 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     e.g. an ingest thread calling ``rb.extend``). A storage that was already filled
     when the sampler first saw it is read in time order, a wrapped ring from the slot after
     its cursor (refused when the buffer wrote into a full storage before the sampler first
-    saw it: that order is lost). Rows a writer skips (index ``-1``, e.g.
-    ``TensorDictMaxValueWriter``) are not steps of the storage (with a warning). It reads
+    saw it: that order is lost). A ring wrapped (its cursor not at the last slot, or its
+    writers counted more steps than it holds) lost the steps before its oldest one, so the
+    rule for steps overwritten between two samples (below) applies: the episode holding the
+    oldest step is dropped (with ``traj_key``, every episode of those steps). Rows a
+    writer skips (index ``-1``, e.g. ``TensorDictMaxValueWriter``) are not steps of the
+    storage (with a warning). It reads
     the new steps at the next sample, so write at most the capacity between two samples:
     a step overwritten before it was read belongs to an unknown trajectory (with
     ``traj_key``: the episodes written after it in that stretch are dropped) or hides
@@ -176,7 +180,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     Raises:
         TypeError: ``num_streams`` / ``seq_len`` not integers (``int``, numpy integers; a
             ``bool`` is refused), non-bool ``end_key`` flags, ``generator`` not a
-            ``torch.Generator``, ``seed`` not an integer.
+            ``torch.Generator``, ``seed`` not an integer; a storage that does not read as
+            one TensorDict of steps (a ``ListStorage``: use ``LazyTensorStorage`` or
+            ``LazyMemmapStorage``; tensors written instead of TensorDicts).
         ValueError: ``num_streams`` / ``seq_len`` < 1; ``seed`` outside ``[0, 2**64)`` or
             given with ``generator``; a batch size other than
             ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a storage that is
@@ -407,23 +413,36 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 "build the storage with ndim=1 and extend it with steps in time order."
             )
         check_writes_seen(self, storage)
-        slots, stamps = self._log.take_pending(len(storage), newest_unrecorded(self, storage))
+        newest = newest_unrecorded(self, storage)  # not None: a ring wrapped before we saw it
+        slots, stamps = self._log.take_pending(len(storage), newest)
         if not slots.numel():
             return
         try:
-            self._read_writes(storage, slots, stamps)
+            self._read_writes(storage, slots, stamps, after_loss=newest is not None)
         except Exception:  # the writes stay pending: a retry raises the same error
             self._log.put_back(slots, stamps)
             raise
         for stream in self._streams:
             stream.drop_stale(self._log.stamps)
 
-    def _read_writes(self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor) -> None:
+    def _read_writes(
+        self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor, *, after_loss: bool
+    ) -> None:
+        """Reads the steps at ``slots`` (write order); ``after_loss``: the step written just
+        before the first of them was overwritten unread."""
         data = storage[:]
         if not isinstance(data, TensorDictBase):
+            fix = (
+                "extend the buffer with TensorDicts of steps, e.g. "
+                "rb.extend(TensorDict({'observation': obs, ('next', 'done'): done}, [N]))"
+                if isinstance(storage, TensorStorage)
+                else f"a {type(storage).__name__} keeps every written item apart; build the "
+                "buffer with LazyTensorStorage(capacity) or LazyMemmapStorage(capacity), "
+                "which stack the steps"
+            )
             raise TypeError(
-                f"StreamChunkSampler needs a TensorDict storage, got {type(data).__name__} "
-                "entries; store TensorDicts (e.g. LazyTensorStorage)."
+                f"StreamChunkSampler reads its storage as one TensorDict of steps [N], but "
+                f"{type(storage).__name__}[:] gives a {type(data).__name__}: {fix}."
             )
         if data.batch_dims != 1:
             raise ValueError(
@@ -433,7 +452,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 "the envs' episodes stay apart."
             )
         alive = self._log.stamps[slots] == stamps
-        self._tracker.update(data, slots, stamps, alive)
+        self._tracker.update(data, slots, stamps, alive, after_loss)
 
     def _deal_epoch(self) -> None:
         """Deals every episode once: longest first to the least-filled stream (Graham's LPT

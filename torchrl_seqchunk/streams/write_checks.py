@@ -92,10 +92,12 @@ def check_writes_seen(sampler, storage: Storage) -> None:
 
 
 def newest_unrecorded(sampler, storage: Storage) -> int | None:
-    """The slot written last into a storage that was full before the sampler saw it (its
-    ring may have wrapped, so time order starts after that slot); ``None`` otherwise."""
+    """The slot written last into a storage whose ring wrapped before the sampler saw it
+    (time order starts after that slot, and the oldest stored step followed steps that were
+    overwritten); ``None`` when every slot's write was recorded or the ring never wrapped
+    (slot order is time order)."""
     if sampler._log.known >= len(storage) or len(storage) < storage.max_size:
-        return None  # every slot's write was recorded, or the ring never wrapped
+        return None  # every slot's write was recorded, or the storage is not full
     newest = storage._last_cursor_index  # TorchRL storages keep their last written slot
     if sampler._log.clock or newest is None:
         raise ValueError(
@@ -108,4 +110,7 @@ def newest_unrecorded(sampler, storage: Storage) -> int | None:
             "the buffer (rb.sampler.can_sample(rb.storage, batch_size) is enough), or start "
             "from an empty storage."
         )
+    written = sampler._writes_base["own"] + sampler._writes_base["others"]
+    if int(newest) == len(storage) - 1 and written <= len(storage):
+        return None  # filled once, in slot order (as far as its writers counted)
     return int(newest)
