@@ -63,9 +63,9 @@ def build(args, device):
     cell = nn.GRUCell(args.input, args.hidden).to(device)
     cell.load_state_dict({k[: -len("_l0")]: v for k, v in gru.state_dict().items()})
     chunk = TensorDict({"embed": x, "is_first": is_first}, [b, t])
-    reset_gru = ResetRNN(gru, carry=False)  # backend "auto": loop on CPU, packed on CUDA
-    packed_gru = ResetRNN(gru, carry=False, backend="packed")
-    reset_lstm = ResetRNN(lstm, carry=False)
+    reset_gru = ResetRNN(gru, carry=False, default_recurrent_mode=True)  # backend "auto": loop on CPU, packed on CUDA
+    packed_gru = ResetRNN(gru, carry=False, default_recurrent_mode=True, backend="packed")
+    reset_lstm = ResetRNN(lstm, carry=False, default_recurrent_mode=True)
     torchrl_gru = GRUModule(
         gru=gru, in_keys=["embed", "rs", "is_init"], out_keys=["features", ("next", "rs")],
         default_recurrent_mode=True,

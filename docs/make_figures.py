@@ -90,7 +90,7 @@ def figure_carry(streams: TensorDict, path: Path) -> None:
     is_first = streams["is_first"][:1]  # stream 0, [1, NUM_CHUNKS * T, 1]
     fig, ax = plt.subplots(figsize=(9, 2.8))
     for carry, style in ((True, "-"), (False, "--")):
-        module = ResetRNN(Accumulate(), in_key="x", out_key="h", carry=carry)
+        module = ResetRNN(Accumulate(), in_key="x", out_key="h", carry=carry, default_recurrent_mode=True)
         outputs = []
         for k in range(NUM_CHUNKS):  # one call per chunk, as a trainer does
             flags = is_first[:, k * SEQ_LEN:(k + 1) * SEQ_LEN]
