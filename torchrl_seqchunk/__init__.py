@@ -24,6 +24,10 @@ _EXPORTS = {
     "MaskObservation": "envs",
     "ReturnScaledReward": "reward_norm",
     "TagTrajectories": "distributed.writers",
+    "assign_workers": "distributed.ranks",
+    "rank_seed": "distributed.ranks",
+    "IngestThread": "distributed.ingest",
+    "EvenEpochs": "distributed.epochs",
 }
 
 __all__ = sorted(_EXPORTS)
