@@ -28,6 +28,8 @@ _EXPORTS = {
     "rank_seed": "distributed.ranks",
     "IngestThread": "distributed.ingest",
     "EvenEpochs": "distributed.epochs",
+    "save_checkpoint": "distributed.checkpoint",
+    "load_checkpoint": "distributed.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,4 +16,5 @@ its own streams, while the parameters (a learned initial state too) stay equal.
 - :func:`~torchrl_seqchunk.rank_seed`: a rank's sampler seed from the run's seed and the rank.
 - :class:`~torchrl_seqchunk.IngestThread`: writes a collector's batches into the learner's buffer from a thread of the learner process.
 - :class:`~torchrl_seqchunk.EvenEpochs`: epochs without replacement cut to the chunk count every rank has, so DDP's collectives stay in step.
+- :func:`~torchrl_seqchunk.save_checkpoint` / :func:`~torchrl_seqchunk.load_checkpoint`: step-aligned checkpoints (per-rank buffer, sampler, model with carry, optimizer, RNG; a manifest), resumed bit for bit.
 """
