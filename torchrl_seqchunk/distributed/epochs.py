@@ -58,9 +58,9 @@ class EvenEpochs:
         TypeError: ``buffer`` is not a TorchRL replay buffer, or its sampler is not a
             :class:`~torchrl_seqchunk.StreamChunkSampler`.
         ValueError: the sampler draws with replacement (its epochs never end); while
-            iterating, on every rank, when some rank has no chunk to give (no episode
-            in its buffer: that rank raises the sampler's own error, the others name the
-            agreed count 0).
+            iterating, on every rank, when some rank cannot draw the first chunk of its
+            epoch (e.g. no episode in its buffer): that rank raises its own error (the
+            sampler's), the others name the agreed count 0, and no rank is left waiting.
 
     Examples:
         >>> import torch
@@ -120,7 +120,7 @@ class EvenEpochs:
         try:
             first = self.buffer.sample()
             own = sampler._remaining_batches + 1  # the chunk drawn and those left
-        except ValueError as error:  # no episode here: the others must not wait for us
+        except Exception as error:  # e.g. no episode here: the others must not wait for us
             first, own, failure = None, 0, error
         count = self._agree(own)
         self.own, self.count = own, count
