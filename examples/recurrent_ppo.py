@@ -254,14 +254,141 @@ def plot_curve(rows: list[dict], path: Path, cfg: Config) -> None:
     plt.close(fig)
 
 
+def make_loss(cfg: Config, actor, critic) -> ClipPPOLoss:
+    """RecurrentPPOLoss over windows; TorchRL's ClipPPOLoss over stream chunks."""
+    ppo_options = dict(clip_epsilon=cfg.clip_epsilon, entropy_coeff=cfg.entropy_coeff,
+                       critic_coeff=cfg.critic_coeff, loss_critic_type="l2", normalize_advantage=True)
+    if cfg.batching == "windows":
+        return RecurrentPPOLoss(actor, critic, boundary_mode=cfg.boundary_mode, **ppo_options)
+    # Chunks continue each other, so the ResetRNNs carry their state and TorchRL's loss
+    # is enough; padded slots (("collector", "mask") False) are left out of its means,
+    # but not out of its advantage statistics: advantages are standardized per rollout.
+    return ClipPPOLoss(actor, critic, **{**ppo_options, "normalize_advantage": False})
+
+
+def make_stream_buffer(cfg: Config, capacity: int, generator: torch.Generator) -> TensorDictReplayBuffer:
+    """A storage of rollout steps read as B balanced streams: each episode piece once per epoch."""
+    return TensorDictReplayBuffer(
+        storage=LazyTensorStorage(capacity, device=cfg.device),
+        sampler=StreamChunkSampler(cfg.num_streams, cfg.chunk_len, replacement=False,
+                                   traj_key=("collector", "traj_ids"), only_complete=False,
+                                   generator=generator),
+        batch_size=cfg.num_streams * cfg.chunk_len,
+    )
+
+
+def add_advantages(cfg: Config, critic, rollout: TensorDictBase) -> TensorDictBase:
+    """Writes "advantage" and "value_target" into a rollout [num_envs, T] (standardized
+    advantages for stream chunks) and returns it."""
+    with torch.no_grad():  # V(next observation) under the memory held after each step
+        next_values = critic(rollout["next"].reshape(-1))["state_value"]  # step mode, [num_envs * T, 1]
+    rollout["next", "state_value"] = next_values.view(*rollout.shape, 1)
+    boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
+    if cfg.batching == "streams":
+        advantage = rollout["advantage"]
+        rollout["advantage"] = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-8)
+    return rollout
+
+
+def update(cfg: Config, loss_module, optim: torch.optim.Optimizer, batches) -> TensorDictBase:
+    """One PPO gradient step per batch; returns the mean of the logged losses."""
+    logs = []
+    for batch in batches:
+        loss = loss_module(batch)
+        total = loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]
+        if cfg.batching == "streams":  # a chunk weighs what its real (unpadded) slots do
+            total = total * batch["collector", "mask"].float().mean()
+        optim.zero_grad()
+        total.backward()
+        nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)
+        optim.step()
+        logs.append(loss.detach().select(*LOGGED))
+    return torch.stack(logs).mean()
+
+
+def anneal(cfg: Config, optim: torch.optim.Optimizer, loss_module, remaining: float) -> None:
+    """Linear schedules, 1 -> 0 as `remaining` goes from 1 to 0."""
+    if cfg.anneal_lr:
+        for group in optim.param_groups:
+            group["lr"] = cfg.lr * remaining
+    if cfg.anneal_clip:
+        loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
+
+
+def finished_returns(steps: TensorDictBase) -> list[float]:
+    """The raw returns of the episodes that end in `steps` (any batch shape)."""
+    done = steps["next", "done"].squeeze(-1)
+    return steps["next", "episode_reward"][done].squeeze(-1).tolist()
+
+
+def run_dir(cfg: Config) -> Path:
+    """runs/<name>; exits when it holds a finished run and --overwrite is not given."""
+    out_dir = Path(cfg.runs_dir) / cfg.name
+    if (out_dir / "metrics.csv").exists() and not cfg.overwrite:
+        raise SystemExit(f"{out_dir} holds the outputs of an earlier run; pass --name to write "
+                         "elsewhere or --overwrite to replace them.")
+    return out_dir
+
+
+class Report:
+    """One row per iteration in runs/<name>/metrics.csv, a progress bar, the frames to the
+    target, and at the end the learning curve and a summary line."""
+
+    def __init__(self, cfg: Config, planned_frames: int):
+        self.cfg, self.out_dir = cfg, run_dir(cfg)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.returns: deque[float] = deque(maxlen=cfg.return_window)
+        self.rows, self.frames, self.episodes, self.frames_to_target = [], 0, 0, None
+        self.start = time.perf_counter()
+        self.bar = tqdm(total=planned_frames, unit="frames", disable=not cfg.progress)
+        self.file = open(self.out_dir / "metrics.csv", "w", newline="")
+        self.writer = None
+
+    @property
+    def reached(self) -> bool:
+        """The run should stop: --stop-at-target and the target was reached."""
+        return self.cfg.stop_at_target and self.frames_to_target is not None
+
+    def add(self, frames: int, returns: list[float], losses: TensorDictBase) -> dict:
+        cfg = self.cfg
+        self.frames += frames
+        self.returns.extend(returns)
+        self.episodes += len(returns)
+        return_mean = sum(self.returns) / len(self.returns) if self.returns else float("nan")
+        if (self.frames_to_target is None and len(self.returns) == self.returns.maxlen
+                and cfg.target is not None and return_mean >= cfg.target):
+            self.frames_to_target = self.frames
+        row = {"frames": self.frames, "wall_s": round(time.perf_counter() - self.start, 2),
+               "episodes": self.episodes, "return_mean": return_mean,
+               **{k: losses[k].item() for k in LOGGED}}
+        self.rows.append(row)
+        if self.writer is None:
+            self.writer = csv.DictWriter(self.file, fieldnames=list(row))
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        self.file.flush()
+        self.bar.set_postfix(ret=f"{return_mean:.1f}", loss=f"{row['loss_objective']:.3f}", refresh=False)
+        self.bar.update(frames)  # one refresh per iteration
+        return row
+
+    def close(self) -> None:
+        cfg, rows = self.cfg, self.rows
+        self.bar.close()
+        self.file.close()
+        plot_curve(rows, self.out_dir / "learning_curve.png", cfg)
+        seen = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]  # skip NaN
+        reached = "not reached" if self.frames_to_target is None else self.frames_to_target
+        target = f"frames_to_{cfg.target:g}: {reached} " if cfg.target is not None else ""
+        print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
+              f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {self.out_dir}")
+
+
 def main(cfg: Config) -> list[dict]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    out_dir = Path(cfg.runs_dir) / cfg.name
-    if (out_dir / "metrics.csv").exists() and not cfg.overwrite:
-        raise SystemExit(f"{out_dir} holds the outputs of an earlier run; pass --name to write elsewhere "
-                         "or --overwrite to replace them.")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    frames_per_batch = cfg.num_envs * cfg.rollout_len
+    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
+    report = Report(cfg, planned_frames)
 
     env = make_env(cfg)
     actor, critic, rnns = make_agent(cfg, env)
@@ -271,110 +398,41 @@ def main(cfg: Config) -> list[dict]:
     env.set_seed(cfg.seed)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
 
-    frames_per_batch = cfg.num_envs * cfg.rollout_len
-    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
     collector = Collector(
         env, TensorDictSequential(actor, critic),  # the critic also runs, storing its memory
         frames_per_batch=frames_per_batch, total_frames=planned_frames, device=cfg.device,
         auto_register_policy_transforms=False,  # InitTracker(init_key="is_first") is there
     )
-    ppo_options = dict(clip_epsilon=cfg.clip_epsilon, entropy_coeff=cfg.entropy_coeff,
-                       critic_coeff=cfg.critic_coeff, loss_critic_type="l2", normalize_advantage=True)
     memory_keys = [k for rnn in rnns for k in rnn.state_keys]
-    if cfg.batching == "windows":
-        loss_module = RecurrentPPOLoss(actor, critic, boundary_mode=cfg.boundary_mode, **ppo_options)
-    else:
-        # Chunks continue each other, so the ResetRNNs carry their state and TorchRL's loss
-        # is enough; padded slots (("collector", "mask") False) are left out of its means,
-        # but not out of its advantage statistics: advantages are standardized per rollout.
-        loss_module = ClipPPOLoss(actor, critic, **{**ppo_options, "normalize_advantage": False})
-        buffer = TensorDictReplayBuffer(
-            storage=LazyTensorStorage(frames_per_batch, device=cfg.device),
-            # each episode piece of the rollout once per epoch, in B balanced streams
-            sampler=StreamChunkSampler(cfg.num_streams, cfg.chunk_len, replacement=False,
-                                       traj_key=("collector", "traj_ids"), only_complete=False,
-                                       generator=torch.Generator().manual_seed(cfg.seed)),
-            batch_size=cfg.num_streams * cfg.chunk_len,
-        )
+    loss_module = make_loss(cfg, actor, critic)
+    if cfg.batching == "streams":
+        buffer = make_stream_buffer(cfg, frames_per_batch, torch.Generator().manual_seed(cfg.seed))
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
 
-    def update(batches) -> TensorDictBase:
-        """One PPO gradient step per batch; returns the mean of the logged losses."""
-        logs = []
-        for batch in batches:
-            loss = loss_module(batch)
-            total = loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]
-            if cfg.batching == "streams":  # a chunk weighs what its real (unpadded) slots do
-                total = total * batch["collector", "mask"].float().mean()
-            optim.zero_grad()
-            total.backward()
-            nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)
-            optim.step()
-            logs.append(loss.detach().select(*LOGGED))
-        return torch.stack(logs).mean()
-
-    returns: deque[float] = deque(maxlen=cfg.return_window)
-    rows, frames, episodes, frames_to_target, start = [], 0, 0, None, time.perf_counter()
-    with tqdm(total=planned_frames, unit="frames", disable=not cfg.progress) as bar, open(out_dir / "metrics.csv", "w", newline="") as f:
-        writer = None
-        for rollout in collector:  # [num_envs, T]
-            # TorchRL's batched env raises the thread count when it closes, before the last batch
-            torch.set_num_threads(cfg.threads)
-            frames += rollout.numel()
-            done = rollout["next", "done"].squeeze(-1)  # [num_envs, T]
-            returns.extend(rollout["next", "episode_reward"][done].squeeze(-1).tolist())
-            episodes += int(done.sum())
-
-            with torch.no_grad():  # V(next observation) under the memory held after each step
-                next_values = critic(rollout["next"].reshape(-1))["state_value"]  # step mode, [num_envs * T, 1]
-            rollout["next", "state_value"] = next_values.view(*rollout.shape, 1)
-            boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
-
-            if cfg.batching == "windows":
-                windows = make_windows(rollout, cfg.window, stride=cfg.stride, memory_key=memory_keys)  # [N, W]
-                losses = update([windows[idx] for _ in range(cfg.epochs)
-                                 for idx in torch.randperm(windows.shape[0]).chunk(cfg.minibatches)])
-            else:
-                advantage = rollout["advantage"]
-                rollout["advantage"] = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-8)
-                buffer.empty()
-                buffer.extend(rollout.reshape(-1))  # [num_envs * T] steps, env after env
-                # iterating the buffer is one epoch of [B, L] chunks; the prefetcher keeps their order
-                epochs = itertools.chain.from_iterable(itertools.repeat(buffer, cfg.epochs))
-                with ChunkPrefetcher(epochs, device=cfg.device) as chunks:
-                    losses = update(chunks)
-            collector.update_policy_weights_()
-            remaining = max(0.0, 1 - frames / planned_frames)  # linear schedules, 1 -> 0
-            if cfg.anneal_lr:
-                for group in optim.param_groups:
-                    group["lr"] = cfg.lr * remaining
-            if cfg.anneal_clip:
-                loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
-
-            return_mean = sum(returns) / len(returns) if returns else float("nan")
-            if frames_to_target is None and len(returns) == returns.maxlen and cfg.target is not None and return_mean >= cfg.target:
-                frames_to_target = frames
-            row = {"frames": frames, "wall_s": round(time.perf_counter() - start, 2),
-                   "episodes": episodes, "return_mean": return_mean,
-                   **{k: losses[k].item() for k in LOGGED}}
-            rows.append(row)
-            if writer is None:
-                writer = csv.DictWriter(f, fieldnames=list(row))
-                writer.writeheader()
-            writer.writerow(row)
-            f.flush()
-            bar.set_postfix(ret=f"{return_mean:.1f}", loss=f"{row['loss_objective']:.3f}", refresh=False)
-            bar.update(rollout.numel())  # one refresh per iteration
-            if cfg.stop_at_target and frames_to_target is not None:
-                break
+    for rollout in collector:  # [num_envs, T]
+        # TorchRL's batched env raises the thread count when it closes, before the last batch
+        torch.set_num_threads(cfg.threads)
+        returns = finished_returns(rollout)
+        add_advantages(cfg, critic, rollout)
+        if cfg.batching == "windows":
+            windows = make_windows(rollout, cfg.window, stride=cfg.stride, memory_key=memory_keys)  # [N, W]
+            losses = update(cfg, loss_module, optim, [windows[idx] for _ in range(cfg.epochs)
+                                                      for idx in torch.randperm(windows.shape[0]).chunk(cfg.minibatches)])
+        else:
+            buffer.empty()
+            buffer.extend(rollout.reshape(-1))  # [num_envs * T] steps, env after env
+            # iterating the buffer is one epoch of [B, L] chunks; the prefetcher keeps their order
+            epochs = itertools.chain.from_iterable(itertools.repeat(buffer, cfg.epochs))
+            with ChunkPrefetcher(epochs, device=cfg.device) as chunks:
+                losses = update(cfg, loss_module, optim, chunks)
+        collector.update_policy_weights_()
+        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames))
+        report.add(rollout.numel(), returns, losses)
+        if report.reached:
+            break
     collector.shutdown()
-    plot_curve(rows, out_dir / "learning_curve.png", cfg)
-    seen = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]  # skip NaN
-    reached = "not reached" if frames_to_target is None else frames_to_target
-    target = f"frames_to_{cfg.target:g}: {reached} " if cfg.target is not None else ""
-    print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
-          f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {out_dir}")
-    return rows
+    report.close()
+    return report.rows
 
 
 if __name__ == "__main__":

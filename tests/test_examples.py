@@ -106,6 +106,26 @@ def test_stream_world_model_writes_finite_losses_and_plot(tmp_path):
     assert "trainer waited" in out
 
 
+@pytest.mark.distributed
+def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
+    out = run_example("distributed_ppo.py", "--learners", "2", "--workers", "3", "--total-frames", "768",
+                      "--num-envs", "2", "--epochs", "2", "--no-progress",
+                      "--runs-dir", str(tmp_path), "--name", "run")
+    rows = read_csv(tmp_path / "run" / "metrics.csv")
+    # 3 workers x 2 envs x 32 steps = 192 frames per iteration, all ranks together -> 4 iterations
+    assert [int(r["frames"]) for r in rows] == [192, 384, 576, 768]
+    for row in rows:
+        for key in ("loss_objective", "loss_critic", "return_mean"):
+            assert math.isfinite(float(row[key])), (key, row)
+    assert all(1 <= float(r["return_mean"]) <= 500 for r in rows)
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
+    assert "frames_to_450" in out
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--learners", "2",
+                             "--workers", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and "every learner needs an env worker" in result.stderr
+
+
 @pytest.mark.slow
 def test_reverse_curriculum_workers_print_no_ale_banner():
     code = (

@@ -25,6 +25,12 @@ _EXPORTS = {
     "MaskObservation": "envs",
     "ReturnScaledReward": "reward_norm",
     "TagTrajectories": "distributed.writers",
+    "assign_workers": "distributed.ranks",
+    "rank_seed": "distributed.ranks",
+    "IngestThread": "distributed.ingest",
+    "EvenEpochs": "distributed.epochs",
+    "save_checkpoint": "distributed.checkpoint",
+    "load_checkpoint": "distributed.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,278 @@
+"""Step-aligned checkpoints of a run over several learner ranks.
+
+Every rank saves what only it holds (its buffer with its sampler's streams, its model with
+the :class:`~torchrl_seqchunk.ResetRNN` carry, its optimizer and random generators), all
+at the same training step, and rank 0 writes a manifest last: a checkpoint without the
+manifest is incomplete. A run loaded from one continues exactly as it would have.
+
+Layout under ``path``::
+
+    manifest.json          world size, step, worker -> rank map, versions (rank 0)
+    rank<r>/buffer/        rank r's replay buffer (TorchRL ``rb.dumps``: storage,
+                           sampler state with its generator, writer)
+    rank<r>/state.pt       rank r's model, optimizer, RNG states, step, extra
+"""
+from __future__ import annotations
+
+import json
+import platform
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensordict
+import torch
+import torch.distributed as dist
+import torchrl
+from torch import nn
+from torchrl.data import ReplayBuffer
+
+__all__ = ["load_checkpoint", "save_checkpoint"]
+
+MANIFEST = "manifest.json"
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without an initialized process group."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module inside ``DistributedDataParallel`` (its state dict has no ``module.``)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch (CPU and every CUDA device), NumPy and Python generators, as tensors and ints
+    (loadable with ``torch.load(weights_only=True)``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": pos,
+                  "has_gauss": has_gauss, "gauss": gauss},
+        "python": {"version": version, "words": list(words), "gauss_next": gauss_next},
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["words"]), p["gauss_next"]))
+
+
+def _check_workers(workers) -> list[int] | None:
+    if workers is None:
+        return None
+    workers = list(workers)
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in workers):
+        raise TypeError(f"workers must be a list of ranks (ints), got {workers!r}.")
+    return workers
+
+
+def save_checkpoint(
+    path,
+    *,
+    step: int,
+    buffer: ReplayBuffer,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workers: list[int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Saves this rank's state at training step ``step``; call it on every rank at once.
+
+    Rank ``r`` writes ``path/rank<r>/``: its buffer (``buffer.dumps``: storage, the
+    :class:`~torchrl_seqchunk.StreamChunkSampler`'s streams and generator, the writer), the
+    model's ``state_dict`` (with each :class:`~torchrl_seqchunk.ResetRNN`'s carry, its
+    extra state), the optimizer's, the torch (CPU and CUDA), NumPy and Python random
+    states, ``step`` and ``extra``. After a barrier rank 0 writes ``manifest.json``
+    (``world_size``, ``step``, ``workers``, library versions), so a checkpoint holding
+    the manifest is complete on every rank. Without an initialized process group it is
+    a one-rank checkpoint.
+
+    Save between epochs, with no :class:`~torchrl_seqchunk.ChunkPrefetcher` or
+    :class:`~torchrl_seqchunk.EvenEpochs` iteration open (a running prefetcher's chunks
+    are saved as not drawn, but an epoch's agreed count is not saved), and with no
+    :class:`~torchrl_seqchunk.IngestThread` writing (one on demand between its batches).
+    What is not saved, so not resumed: env trajectories in flight and the collectors'
+    state (a resumed run restarts its collectors, whose envs start new episodes: the steps
+    already in the buffer are kept, the unfinished trajectories of the envs are not
+    continued); env transforms' statistics unless passed in ``extra``.
+
+    Args:
+        path (str or Path): the checkpoint folder (created; files in it are replaced).
+
+    Keyword Args:
+        step (int): the training step, saved and checked at load.
+        buffer (ReplayBuffer): this rank's buffer.
+        model (nn.Module): this rank's model, plain or ``DistributedDataParallel``
+            (the inner module is saved).
+        optimizer (torch.optim.Optimizer): this rank's optimizer.
+        workers (list[int], optional): the rank of each env worker
+            (:func:`~torchrl_seqchunk.assign_workers`), kept in the manifest and checked
+            at load. Defaults to ``None``.
+        extra (dict, optional): anything else of this rank to save (``torch.save``-able
+            tensors, numbers, strings, containers of them), e.g. env transform state
+            dicts. Defaults to ``None``.
+
+    Returns:
+        Path: ``path``.
+
+    Raises:
+        TypeError: ``step`` not an int; ``workers`` not a list of ints.
+        ValueError: ``workers`` naming a rank outside ``[0, world_size)``.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl_seqchunk import StreamChunkSampler, load_checkpoint, save_checkpoint
+        >>> def make():
+        ...     return TensorDictReplayBuffer(storage=LazyTensorStorage(10),
+        ...                                   sampler=StreamChunkSampler(1, 2, seed=0), batch_size=2)
+        >>> rb, model = make(), torch.nn.Linear(2, 1)
+        >>> optim = torch.optim.Adam(model.parameters())
+        >>> done = torch.tensor([0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(3), ("next", "done"): done}, [3]))
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = save_checkpoint(folder, step=5, buffer=rb, model=model, optimizer=optim)
+        ...     rb2, model2 = make(), torch.nn.Linear(2, 1)
+        ...     optim2 = torch.optim.Adam(model2.parameters())
+        ...     loaded = load_checkpoint(folder, buffer=rb2, model=model2, optimizer=optim2)
+        >>> loaded["step"], len(rb2), torch.equal(model2.weight, model.weight)
+        (5, 3, True)
+    """
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int, got {step!r} ({type(step).__name__}).")
+    rank, world_size = _world()
+    workers = _check_workers(workers)
+    if workers is not None and not all(0 <= r < world_size for r in workers):
+        raise ValueError(
+            f"workers={workers} names ranks outside [0, world_size) = [0, {world_size}); "
+            "pass assign_workers(num_workers, world_size)."
+        )
+    path = Path(path)
+    own = path / f"rank{rank}"
+    own.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        (path / MANIFEST).unlink(missing_ok=True)  # incomplete until rewritten below
+    buffer.dumps(own / "buffer")
+    torch.save(
+        {
+            "step": step,
+            "model": _unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": _rng_state(),
+            "extra": extra,
+        },
+        own / "state.pt",
+    )
+    _barrier()
+    if rank == 0:
+        from .. import __version__
+
+        manifest = {
+            "world_size": world_size,
+            "step": step,
+            "workers": workers,
+            "versions": {
+                "torchrl_seqchunk": __version__, "torch": torch.__version__,
+                "torchrl": torchrl.__version__, "tensordict": tensordict.__version__,
+                "python": platform.python_version(),
+            },
+        }
+        (path / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    _barrier()
+    return path
+
+
+def load_checkpoint(
+    path,
+    *,
+    buffer: ReplayBuffer,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workers: list[int] | None = None,
+) -> dict[str, Any]:
+    """Restores this rank's state from :func:`save_checkpoint`; call it on every rank.
+
+    Loads the buffer (storage, sampler streams and generator, writer), the model (with
+    the carry), the optimizer and the random states saved by this rank, so the run
+    continues bit for bit as it would have from that step (with the same code and data
+    source; see :func:`save_checkpoint` for what is not saved). Build ``buffer``,
+    ``model`` and ``optimizer`` as for the saved run first.
+
+    The world size must equal the saved one: a rank's buffer, streams and carry belong
+    to that rank, and spreading them over another number of ranks is not defined.
+
+    Args:
+        path (str or Path): the checkpoint folder.
+
+    Keyword Args:
+        buffer (ReplayBuffer): this rank's buffer, built as in the saved run.
+        model (nn.Module): this rank's model, plain or ``DistributedDataParallel``.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        workers (list[int], optional): this run's worker -> rank map, which must equal the
+            saved one when both are given. Defaults to ``None``.
+
+    Returns:
+        dict: ``{"step": int, "extra": ..., "manifest": dict}``.
+
+    Raises:
+        FileNotFoundError: no ``manifest.json`` (not a checkpoint, or an incomplete one),
+            or no files of this rank.
+        ValueError: a world size other than the saved one; a worker -> rank map other
+            than the saved one; this rank's step differs from the manifest's (files of
+            two checkpoints mixed).
+    """
+    path = Path(path)
+    rank, world_size = _world()
+    if not (path / MANIFEST).is_file():
+        raise FileNotFoundError(
+            f"{path / MANIFEST} not found: {path} is not a checkpoint, or an incomplete one "
+            "(rank 0 writes the manifest after every rank saved); load a complete checkpoint."
+        )
+    manifest = json.loads((path / MANIFEST).read_text())
+    if manifest["world_size"] != world_size:
+        raise ValueError(
+            f"world size changed: the checkpoint at {path} was saved by "
+            f"{manifest['world_size']} ranks, this run has world_size={world_size}. Each "
+            "rank's buffer, streams and ResetRNN carry belong to that rank and are not "
+            f"split or merged; resume with {manifest['world_size']} learner ranks."
+        )
+    workers = _check_workers(workers)
+    if workers is not None and manifest["workers"] is not None and workers != manifest["workers"]:
+        raise ValueError(
+            f"workers={workers} differs from the saved worker -> rank map "
+            f"{manifest['workers']}; resume with the saved map (each rank's buffer holds "
+            "its own workers' trajectories)."
+        )
+    own = path / f"rank{rank}"
+    if not (own / "state.pt").is_file():
+        raise FileNotFoundError(f"{own / 'state.pt'} not found: rank {rank}'s files are missing.")
+    state = torch.load(own / "state.pt", weights_only=True)
+    if state["step"] != manifest["step"]:
+        raise ValueError(
+            f"rank {rank}'s files are of step {state['step']}, the manifest of step "
+            f"{manifest['step']}: {path} mixes two checkpoints; save it again."
+        )
+    buffer.loads(own / "buffer")
+    _unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    _set_rng_state(state["rng"])
+    return {"step": state["step"], "extra": state["extra"], "manifest": manifest}

@@ -1,0 +1,89 @@
+"""Learner ranks: which env workers feed which rank, and each rank's own seed.
+
+Each learner rank owns a replay buffer, a :class:`~torchrl_seqchunk.StreamChunkSampler`
+drawing from it, a :class:`~torchrl_seqchunk.ChunkPrefetcher` and the
+:class:`~torchrl_seqchunk.ResetRNN` carry of its streams. Env workers are split among the
+ranks (:func:`assign_workers`) and each rank's sampler draws from a seed of its own
+(:func:`rank_seed`), so no two ranks replay the same episode order.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["assign_workers", "rank_seed"]
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {low}, got {value!r} ({type(value).__name__}).")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}.")
+    return int(value)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s sampler in a run seeded with ``seed``.
+
+    It is the first 64-bit word of NumPy's ``SeedSequence(seed, spawn_key=(rank,))``, the
+    standard way to derive independent child streams from one seed: different ranks get
+    unrelated seeds, the same ``(seed, rank)`` always the same one. Pass it as
+    ``StreamChunkSampler(..., seed=rank_seed(seed, rank))``.
+
+    Args:
+        seed (int): the run's seed, ``>= 0``.
+        rank (int): the learner's rank, ``>= 0``.
+
+    Returns:
+        int: a seed in ``[0, 2**64)``.
+
+    Raises:
+        TypeError: ``seed`` or ``rank`` not an int (a ``bool`` is refused).
+        ValueError: ``seed`` or ``rank`` negative.
+
+    Examples:
+        >>> from torchrl_seqchunk import rank_seed
+        >>> rank_seed(0, 0) == rank_seed(0, 0), rank_seed(0, 0) == rank_seed(0, 1)
+        (True, False)
+        >>> 0 <= rank_seed(7, 3) < 2**64
+        True
+    """
+    seed, rank = _check_int("seed", seed, 0), _check_int("rank", rank, 0)
+    sequence = np.random.SeedSequence(seed, spawn_key=(rank,))
+    return int(sequence.generate_state(1, np.uint64)[0])
+
+
+def assign_workers(num_workers: int, world_size: int) -> list[int]:
+    """The rank each env worker writes to: round robin, worker ``w`` to rank ``w % world_size``.
+
+    Every rank gets ``num_workers // world_size`` or one more workers. A rank with several
+    workers holds trajectories numbered from 0 by each of them: give worker ``w`` the
+    collector postproc :class:`~torchrl_seqchunk.TagTrajectories` ``(w, num_workers)`` so
+    that ids stay unique in the rank's buffer.
+
+    Args:
+        num_workers (int): env workers (collectors), ``>= world_size``.
+        world_size (int): learner ranks, ``>= 1``.
+
+    Returns:
+        list[int]: ``ranks[w]`` is the rank worker ``w`` feeds, of length ``num_workers``.
+
+    Raises:
+        TypeError: an argument not an int (a ``bool`` is refused).
+        ValueError: ``world_size`` < 1, or fewer workers than ranks (a rank without a
+            worker would never get data).
+
+    Examples:
+        >>> from torchrl_seqchunk import assign_workers
+        >>> assign_workers(5, 2)
+        [0, 1, 0, 1, 0]
+    """
+    world_size = _check_int("world_size", world_size, 1)
+    num_workers = _check_int("num_workers", num_workers, 1)
+    if num_workers < world_size:
+        raise ValueError(
+            f"num_workers={num_workers} is less than world_size={world_size}: a rank without "
+            "an env worker never gets data; run at least one worker per learner rank."
+        )
+    return [w % world_size for w in range(num_workers)]
