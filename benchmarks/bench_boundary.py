@@ -33,6 +33,7 @@ auc_reset_continue_vs_<mode>_W<W>`` (mean AUC ratio over seeds).
 
     python benchmarks/bench_boundary.py                        # the grid of the docs (about an hour here)
     python benchmarks/bench_boundary.py --windows 16 --seeds 0,1 --frames 4096
+    python benchmarks/bench_boundary.py --resume                # after an interruption: only the missing runs
 """
 from __future__ import annotations
 
@@ -62,6 +63,17 @@ def run(mode: str, window: int, seed: int, args) -> list[dict]:
                          boundary_mode=mode, seed=seed, total_frames=args.frames, runs_dir=runs, name="cell",
                          progress=False)
         return job.main(cfg)
+
+
+def finished_runs(path: Path) -> dict[tuple[int, str, int], list[dict]]:
+    """The runs an earlier call wrote to ``boundary.csv`` (rows are written once a run ends)."""
+    runs = {}
+    if path.exists():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                runs.setdefault((int(r["window"]), r["mode"], int(r["seed"])), []).append(
+                    {"frames": int(r["frames"]), "wall_s": float(r["wall_s"]), "return_mean": float(r["return_mean"])})
+    return runs
 
 
 def auc(rows: list[dict], best: float) -> float:
@@ -141,6 +153,7 @@ def main() -> None:
     parser.add_argument("--episode-len", type=int, default=8, help="steps per episode (TimeLimit)")
     parser.add_argument("--frames", type=int, default=10_240, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_boundary", help="output folder")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/boundary.csv")
     args = parser.parse_args()
     windows, seeds = [int(w) for w in args.windows.split(",")], [int(s) for s in args.seeds.split(",")]
     modes = args.modes.split(",")
@@ -160,14 +173,18 @@ def main() -> None:
                          for window in windows for mode, values in shares[window].items())
     curves, scores = {}, {}
     grid = [(window, mode, seed) for window in windows for seed in seeds for mode in modes]
-    with open(out / "boundary.csv", "w", newline="") as f:
+    done = finished_runs(out / "boundary.csv") if args.resume else {}
+    with open(out / "boundary.csv", "a" if done else "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["window", "mode", "seed", "frames", "wall_s", "return_mean"])
-        writer.writeheader()
+        if not done:
+            writer.writeheader()
         for window, mode, seed in tqdm(grid, desc="grid"):
-            rows = run(mode, window, seed, args)
-            writer.writerows({"window": window, "mode": mode, "seed": seed, "frames": r["frames"],
-                              "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows)
-            f.flush()
+            rows = done.get((window, mode, seed))
+            if rows is None:
+                rows = run(mode, window, seed, args)
+                writer.writerows({"window": window, "mode": mode, "seed": seed, "frames": r["frames"],
+                                  "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows)
+                f.flush()
             curves.setdefault((mode, window), []).append(rows)
             scores[(mode, window, seed)] = auc(rows, best)
     rng = np.random.default_rng(0)

@@ -99,5 +99,12 @@ def test_boundary_benchmark_runs(tmp_path):
     assert "RATIO auc_reset_continue_vs_mask_W4 " in out
     rows = list(csv.DictReader(open(tmp_path / "boundary.csv")))
     assert {(r["mode"], r["seed"]) for r in rows} == {(m, s) for m in ("reset_continue", "mask") for s in "01"}
-    assert "| 4 |" in (tmp_path / "boundary_table.md").read_text()
+    table = (tmp_path / "boundary_table.md").read_text()
+    assert "| 4 |" in table
     assert (tmp_path / "boundary.png").stat().st_size > 1000
+    # --resume keeps the finished runs and runs none again: same rows, same table
+    csv_text = (tmp_path / "boundary.csv").read_text()
+    run_bench("bench_boundary.py", "--windows", "4", "--seeds", "0,1", "--modes", "reset_continue,mask",
+              "--frames", "256", "--out", str(tmp_path), "--resume")
+    assert (tmp_path / "boundary.csv").read_text() == csv_text
+    assert (tmp_path / "boundary_table.md").read_text() == table
