@@ -801,3 +801,27 @@ def test_step_mode_names_an_empty_batch():
     module = ResetRNN(nn.GRU(3, 4, batch_first=True), in_key="x")
     with pytest.raises(ValueError, match=r"empty batch \[0\]"):
         module(TensorDict({"x": torch.randn(0, 3), "is_first": torch.zeros(0, 1, dtype=torch.bool)}, [0]))
+
+
+def test_step_mode_refuses_a_state_of_another_shape():
+    """A 1-layer state [3, 1, H] for a 2-layer GRU would broadcast into both layers."""
+    module = ResetRNN(nn.GRU(F, H, num_layers=2, batch_first=True), default_recurrent_mode=False)
+    flags = torch.zeros(3, 1, dtype=torch.bool)
+    for state, got in [(torch.randn(3, 1, H), r"\[3, 1, 4\]"), (torch.randn(3, H), r"\[3, 4\]")]:
+        td = TensorDict({"embed": torch.randn(3, F), "is_first": flags, "recurrent_state": state}, [3])
+        with pytest.raises(ValueError, match=rf"'recurrent_state' must have shape .*\[3, 2, 4\], got {got}"):
+            module(td)
+    # [2, H] with 2 envs and 2 layers broadcasts to [2, 2, H] (the two envs' states as layers)
+    td = TensorDict({"embed": torch.randn(2, F), "is_first": flags[:2], "recurrent_state": torch.randn(2, H)}, [2])
+    with pytest.raises(ValueError, match=r"got \[2, 4\]"):
+        module(td)
+
+
+def test_sequence_mode_runs_no_rows_and_names_no_steps():
+    module = ResetRNN(nn.GRU(F, H, batch_first=True), default_recurrent_mode=True)
+    empty = TensorDict({"embed": torch.randn(0, T, F), "is_first": torch.zeros(0, T, 1, dtype=torch.bool)}, [0, T])
+    assert module(empty)["features"].shape == (0, T, H)  # as rnn_with_resets on no rows
+    for shape in ([2, 0], [0]):
+        td = TensorDict({"embed": torch.randn(*shape, F), "is_first": torch.zeros(*shape, dtype=torch.bool)}, shape)
+        with pytest.raises(ValueError, match=r"no time step .*T = 0"):
+            module(td)

@@ -106,8 +106,9 @@ class ResetRNN(TensorDictModuleBase):
             carried state whose batch differs from the input while some
             ``is_first[:, 0]`` is False, or ``carry=True`` under a
             ``torch.func`` transform such as ``vmap`` (at call time); in step
-            mode, no ``is_first_key`` entry, or a state entry absent while some row
-            is not at an episode start (append :meth:`make_tensordict_primer`).
+            mode, no ``is_first_key`` entry, a state entry absent while some row
+            is not at an episode start (append :meth:`make_tensordict_primer`), or a
+            state entry whose shape is not ``[*batch, *S]``.
 
     Examples:
         >>> import torch
@@ -334,7 +335,7 @@ class ResetRNN(TensorDictModuleBase):
                 "with batch []; give it a batch [T] or [B, T], or call it in step mode "
                 "(torchrl.modules.set_recurrent_mode(False))."
             )
-        rows = tensordict.reshape(-1, shape[-1])
+        rows = tensordict.reshape(shape[:-1].numel(), shape[-1])  # also for 0 rows or steps
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         is_first = self._get(rows, self.is_first_key, "is_first_key")
@@ -343,7 +344,7 @@ class ResetRNN(TensorDictModuleBase):
         if self.carry and self._carry is not None:
             if self._carry[0].shape[0] == batch:
                 h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
-            elif not bool(reset[:, 0].all()):
+            elif not bool(reset[:, :1].all()):  # T = 0 is refused by _unroll
                 raise ValueError(
                     f"the carried state holds {self._carry[0].shape[0]} rows but the input has "
                     f"{batch} and not every row starts with is_first; call reset_carry() when "
@@ -400,6 +401,14 @@ class ResetRNN(TensorDictModuleBase):
                 "travels from step to step, also through SerialEnv / ParallelEnv."
             )
         state = initial if missing else tuple(rows.get(k) for k in self.state_keys)
+        for key, h, s in zip(self.state_keys, state, self.state_shapes):
+            if h.shape[1:] != s:  # torch.where below would broadcast it into the wrong rows
+                raise ValueError(
+                    f"state entry {key!r} must have shape [*batch, *{list(s)}] = "
+                    f"{[*shape, *s]}, got {[*shape, *h.shape[1:]]}; it was written by another "
+                    "module (another num_layers or hidden size?): give each ResetRNN its own "
+                    "state_key and primer."
+                )
         state = tuple(
             torch.where(reset.view(-1, *([1] * len(s))), i, h)
             for h, i, s in zip(state, initial, self.state_shapes)
