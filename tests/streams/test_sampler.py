@@ -342,6 +342,57 @@ def test_full_storage_with_its_cursor_at_the_last_slot_wrapped_if_more_was_writt
     assert sorted(chunk["obs"][chunk["collector", "mask"]].tolist()) == list(drawn)
 
 
+def two_envs(steps):
+    """A flattened [2 envs, steps] collector batch, episodes of 3 steps: obs 100 * env + t,
+    a trajectory id per episode, as TorchRL's collector numbers them."""
+    t = torch.arange(steps).repeat_interleave(2)
+    env = torch.arange(2).repeat(steps)
+    return TensorDict(
+        {
+            "obs": 100 * env + t,
+            ("collector", "traj_ids"): 100 * env + t // 3,
+            ("next", "done"): (t % 3 == 2).reshape(-1, 1),
+        },
+        [2 * steps],
+    )
+
+
+def test_storage_filled_to_capacity_with_trajectory_ids_draws_every_episode_silently():
+    # 2 envs x 5 steps in 10 slots, never wrapped: episodes 0-2 and 100-102 are whole
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(two_envs(5))
+    sampler = StreamChunkSampler(1, 3, replacement=False, traj_key=("collector", "traj_ids"))
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = sorted(rb.sample()["obs"][0].tolist() + rb.sample()["obs"][0].tolist())
+    assert drawn == [0, 1, 2, 100, 101, 102]
+
+
+def test_wrapped_storage_with_trajectory_ids_says_why_it_drops_every_episode():
+    # 2 envs x 8 steps in 10 slots: steps t = 3..7 survive. The trajectories of the steps
+    # overwritten (t = 0..2) are unknown, so no stored episode is known to be whole: all are
+    # dropped, and the warning says why before the sample finds nothing to draw.
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(two_envs(8))
+    sampler = StreamChunkSampler(1, 3, traj_key=("collector", "traj_ids"))
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=3)
+    with pytest.warns(UserWarning, match=r"ring wrapped before the sampler first saw it.*"
+                      r"every episode written after them.*Build the buffer with this sampler"):
+        assert not sampler.can_sample(storage, 3)
+    with pytest.raises(ValueError, match="no complete episode"):
+        rb.sample()
+
+
+def test_wrapped_storage_with_end_flags_warns_that_it_drops_the_oldest_episode():
+    # steps 5-14 of episodes 0-2, 3-7, 8-11, 12-14 survive: 5-7 are not drawn
+    storage = LazyTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(episodes([3, 5, 4, 3]))
+    rb = TensorDictReplayBuffer(storage=storage, sampler=StreamChunkSampler(1, 7), batch_size=7)
+    with pytest.warns(UserWarning, match=r"ring wrapped before.*the episode holding it is dropped"):
+        assert sorted(rb.sample()["obs"][0].tolist()) == list(range(8, 15))
+
+
 def test_wrapped_storage_written_again_before_the_first_sample_is_refused():
     storage = LazyTensorStorage(10)
     TensorDictReplayBuffer(storage=storage).extend(episodes([4, 3, 5, 2]))

@@ -241,19 +241,25 @@ class _EpisodeTracker:
         else:
             traj = self._read(data, self.traj_key, slots, required=True)
             traj = traj.reshape(slots.numel(), -1)
-        if not alive.all():
+        overwritten = int((~alive).sum())
+        if overwritten or after_loss:
             unknown = (  # with end flags alone, the end flag of the last lost step is gone
                 "their trajectories are unknown, so every episode written after them in that "
                 "stretch is dropped" if stitch else "whether the first step stored after them "
                 "starts an episode is unknown, so the episode holding it is dropped even if "
                 "it is whole"
             )
-            warnings.warn(
-                f"{int((~alive).sum())} step(s) were overwritten before any sample read them "
-                f"(more than the storage capacity written between two samples); {unknown}. "
-                "Sample more often or raise the capacity.",
-                stacklevel=2,
+            what, fix = (
+                (f"{overwritten} step(s) were overwritten before any sample read them (more "
+                 "than the storage capacity written between two samples)",
+                 "Sample more often or raise the capacity")
+                if overwritten else
+                ("the storage's ring wrapped before the sampler first saw it, so the steps "
+                 "written before its oldest one were overwritten unread",
+                 "Build the buffer with this sampler before writing, or write no more than "
+                 "the capacity before its first sample")
             )
+            warnings.warn(f"{what}; {unknown}. {fix}.", stacklevel=2)
         if self.owner.numel() < data.shape[0]:
             grown = torch.full((data.shape[0],), -1, dtype=torch.long)
             grown[: self.owner.numel()] = self.owner
