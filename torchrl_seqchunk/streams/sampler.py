@@ -113,7 +113,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     saw it: that order is lost). A ring wrapped (its cursor not at the last slot, or its
     writers counted more steps than it holds) lost the steps before its oldest one, so the
     rule for steps overwritten between two samples (below) applies: the episode holding the
-    oldest step is dropped (with ``traj_key``, every episode of those steps). Rows a
+    oldest step is dropped (with ``traj_key``, every stored episode), with a warning. Rows a
     writer skips (index ``-1``, e.g. ``TensorDictMaxValueWriter``) are not steps of the
     storage (with a warning). It reads
     the new steps at the next sample, so write at most the capacity between two samples:
