@@ -82,6 +82,17 @@ def test_factory_in_serial_env_matches_gymnasium():
 # Each case: a space, observations, and their encodings written out by hand.
 ENCODINGS = {
     "discrete_start": (spaces.Discrete(3, start=-1), [-1, 1], [[1, 0, 0], [0, 0, 1]]),
+    # the edges, given as numpy ints of other widths, a bool and a [1] array
+    "discrete_edges": (spaces.Discrete(2, start=5), [np.int8(5), np.uint32(6), np.array([6])],
+                       [[1, 0], [0, 1], [0, 1]]),
+    "discrete_bool": (spaces.Discrete(2), [True, np.bool_(False)], [[0, 1], [1, 0]]),
+    "multidiscrete_start_edges": (spaces.MultiDiscrete([2, 3], start=[1, -1]),
+                                  [np.array([1, -1]), np.array([2, 1])],
+                                  [[1, 0, 1, 0, 0], [0, 1, 0, 0, 1]]),
+    "multibinary_2d": (spaces.MultiBinary([2, 2]), [np.array([[True, False], [False, True]]),
+                                                   np.array([[0.0, 1.0], [1.0, 0.0]])],
+                       [[1, 0, 0, 1], [0, 1, 1, 0]]),
+    "box_int_bounds": (spaces.Box(0, 255, (2,), np.uint8), [np.array([0.0, 255.0])], [[0, 255]]),
     # nvec [[2, 3], [4, 2]] is read in C order: blocks of 2, 3, 4, 2 at offsets 0, 2, 5, 9.
     "multidiscrete_2d": (spaces.MultiDiscrete([[2, 3], [4, 2]]), [np.array([[1, 2], [0, 1]])],
                          [[0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1]]),
@@ -151,6 +162,29 @@ OUTSIDE = {
     "multidiscrete_shape": (spaces.MultiDiscrete([2, 3]), np.array([1]), r"MultiDiscrete\(\[2 3\]\)"),
     "multibinary": (spaces.MultiBinary(3), np.array([0, 2, 1]),
                     r"observation=array\(\[0, 2, 1\]\) .* MultiBinary\(3\)"),
+    "discrete_float": (spaces.Discrete(3), 1.0, r"observation=1.0 .* Discrete\(3\)"),  # IndexError
+    "discrete_uint64": (spaces.Discrete(3), np.uint64(1), r"observation=np.uint64\(1\)"),  # IndexError
+    "discrete_str": (spaces.Discrete(3), "2", r"observation='2' .* Discrete\(3\)"),
+    # 2**53 below start 2**53 + 1: equal as float64, so a one-hot at index -1 (the last)
+    "discrete_huge_start": (spaces.Discrete(3, start=2**53 + 1), 2**53,
+                            r"observation=9007199254740992 .* start=9007199254740993"),
+    "multidiscrete_float": (spaces.MultiDiscrete([2, 3]), np.array([1.0, 2.0]), r"MultiDiscrete"),
+    # gymnasium's cast to the Box dtype would change these: NaN to -2**63, 2.7 to 2, 300 to 44
+    "box_int_nan": (spaces.Box(0, 9, (2,), np.int64), np.array([np.nan, 1.0]), r"array\(\[nan,"),
+    "box_int_fraction": (spaces.Box(0, 9, (2,), np.int64), np.array([2.7, 1.0]), r"int64\)"),
+    "box_uint8_wraps": (spaces.Box(0, 255, (2,), np.uint8), np.array([300, 1]), r"uint8\)"),
+    "box_bool_two": (spaces.Box(0, 1, (2,), bool), np.array([2, 0]), r"bool\)"),
+    # another shape: a Dict of (2,) and (3,) Boxes given (3,) and (2,) would swap silently
+    "box_shape": (spaces.Dict({"a": spaces.Box(0, 1, (2,)), "b": spaces.Box(0, 1, (3,))}),
+                  {"a": np.zeros(3), "b": np.zeros(2)}, r"observation\['a'\]=array"),
+    "box_scalar": (spaces.Box(0, 1, (3,)), 0.5, r"observation=0.5 .* \(3,\)"),
+    "dict_missing": (spaces.Dict({"a": spaces.Discrete(2), "b": spaces.Discrete(2)}), {"a": 1},
+                     r"observation=\{'a': 1\} .* Dict"),  # KeyError
+    "dict_extra": (spaces.Dict({"a": spaces.Discrete(2)}), {"a": 1, "c": 5}, r"Dict"),
+    "tuple_short": (spaces.Tuple((spaces.Discrete(2), spaces.Discrete(2))), (1,),
+                    r"observation=\(1,\) .* Tuple"),  # IndexError
+    "tuple_nested_long": (spaces.Dict({"t": spaces.Tuple((spaces.Discrete(2),))}), {"t": (1, 0)},
+                          r"observation\['t'\]=\(1, 0\) .* Tuple"),
     # a Box value outside its bounds is encoded as it is: the part named is the MultiDiscrete
     "nested": (spaces.Dict({"a": spaces.Discrete(2),
                             "b": spaces.Tuple((spaces.Box(0, 1, (1,)), spaces.MultiDiscrete([4])))}),
@@ -162,7 +196,7 @@ OUTSIDE = {
 @pytest.mark.parametrize("name", OUTSIDE)
 def test_encode_names_an_observation_outside_its_space(name):
     space, obs, match = OUTSIDE[name]
-    with pytest.raises(ValueError, match=match + r", which EncodeObservation would encode wrongly"
+    with pytest.raises(ValueError, match=match + r".*, which EncodeObservation would encode wrongly"
                                                  r".*Fix the env, or declare a space that holds it"):
         EncodeObservation(_Declares(space)).observation(obs)
 

@@ -11,7 +11,7 @@ it is a module-level function, so ``functools.partial(make_masked_env, ...)`` pi
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -27,15 +27,30 @@ DEFAULT_KEEP = {"CartPole-v1": (0, 2)}
 _LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-def _leaves(space: gym.Space, where: str, value=None):
+def _leaves(space: gym.Space, where: str, value=None, check=False):
     """Yields ``(part, where, value of the part)`` for every part of ``space`` that is not a
-    ``Tuple`` or ``Dict``, ``where`` naming it (``obs['key'][0]``)."""
+    ``Tuple`` or ``Dict``, ``where`` naming it (``obs['key'][0]``). ``check``: refuse a
+    ``value`` whose ``Tuple`` / ``Dict`` parts are not exactly those of ``space``."""
     if isinstance(space, (gym.spaces.Tuple, gym.spaces.Dict)):
         dict_space = isinstance(space, gym.spaces.Dict)
+        if check and not (
+            isinstance(value, Mapping) and set(value) == set(space.spaces) if dict_space
+            else isinstance(value, (tuple, list)) and len(value) == len(space.spaces)
+        ):
+            _refuse(where, value, space)
         for key, sub in space.spaces.items() if dict_space else enumerate(space.spaces):
-            yield from _leaves(sub, f"{where}[{key!r}]", None if value is None else value[key])
+            yield from _leaves(sub, f"{where}[{key!r}]", None if value is None else value[key],
+                               check)
     else:
         yield space, where, value
+
+
+def _refuse(where: str, value, part: gym.Space):
+    raise ValueError(
+        f"{where}={value!r} is outside its space {part}, which EncodeObservation would "
+        "encode wrongly or not at all: the env returned an observation its "
+        "observation_space does not hold. Fix the env, or declare a space that holds it."
+    )
 
 
 def _check_encodable(space: gym.Space) -> None:
@@ -50,24 +65,39 @@ def _check_encodable(space: gym.Space) -> None:
 
 
 def _check_in_space(space: gym.Space, observation) -> None:
-    """Refuses a discrete part outside its space (its one-hot would be wrong or out of range);
-    ``Box`` values are encoded as they are, inside their bounds or not."""
-    for part, where, value in _leaves(space, "observation", observation):
+    """Refuses an observation that gymnasium's flatten would encode wrongly or not at all:
+    ``Tuple`` / ``Dict`` parts missing or extra, any part of another shape, a discrete part
+    out of range or not an integer (an int64-castable dtype where flatten indexes with it),
+    a non-float ``Box`` part its dtype cannot hold (NaN, ``2.7`` or ``300`` for ``uint8``:
+    the cast would change it). Other ``Box`` values are encoded as they are, inside their
+    bounds or not."""
+    for part, where, value in _leaves(space, "observation", observation, check=True):
+        number = np.asarray(value)
         if isinstance(part, gym.spaces.Box):
+            if number.shape != part.shape or not (part.dtype.kind == "f" or _held(number, part)):
+                _refuse(where, value, part)
             continue
-        number = np.asarray(value, dtype=np.float64)
         if isinstance(part, gym.spaces.Discrete):
             low, high, shape_ok = part.start, part.start + part.n, number.size == 1
         elif isinstance(part, gym.spaces.MultiDiscrete):
             low, high, shape_ok = part.start, part.start + part.nvec, number.shape == part.shape
         else:  # MultiBinary
             low, high, shape_ok = 0, 2, number.shape == part.shape
-        if not (shape_ok and np.all((low <= number) & (number < high) & (number % 1 == 0))):
-            raise ValueError(
-                f"{where}={value!r} is outside its space {part}, which EncodeObservation would "
-                "encode wrongly or not at all: the env returned an observation its "
-                "observation_space does not hold. Fix the env, or declare a space that holds it."
-            )
+        if isinstance(part, gym.spaces.MultiBinary):  # flatten casts its bits to int8
+            dtype_ok = number.dtype.kind in "iubf"
+        else:  # flatten indexes with value - start: an index if the value casts to int64
+            dtype_ok = np.can_cast(number.dtype, np.int64)
+        if not (shape_ok and dtype_ok
+                and np.all((low <= number) & (number < high) & (number % 1 == 0))):
+            _refuse(where, value, part)
+
+
+def _held(number: np.ndarray, part: gym.spaces.Box) -> bool:
+    """Whether ``number`` casts to the dtype of ``part`` unchanged."""
+    if number.dtype.kind not in "iubf":
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.array_equal(number.astype(part.dtype), number))
 
 
 class EncodeObservation(gym.ObservationWrapper):
@@ -94,11 +124,14 @@ class EncodeObservation(gym.ObservationWrapper):
     Raises:
         TypeError: if the observation space, or any part of it, is another space (``Text``,
             ``Graph``, ``Sequence``, ``OneOf``, ...); the message names the part.
-        ValueError: at a step, if a ``Discrete``, ``MultiDiscrete`` or ``MultiBinary`` part
-            of the observation is outside its space (a value out of range, not an integer,
-            or of another shape); the message names the part (``observation['key'][0]``),
-            its value and its space. ``Box`` values are encoded as they are, even outside
-            their bounds.
+        ValueError: at a step, if the observation is outside its space in a way the
+            encoding would corrupt: a ``Tuple`` / ``Dict`` part missing or extra, any part of
+            another shape, a ``Discrete`` / ``MultiDiscrete`` / ``MultiBinary`` value out of
+            range or not an integer (for ``Discrete`` / ``MultiDiscrete``, of a dtype that
+            casts to int64: not float nor uint64), or a ``Box`` value of an integer or bool
+            dtype that the dtype cannot hold (NaN, ``2.7``, ``300`` for ``uint8``); the
+            message names the part (``observation['key'][0]``), its value and its space.
+            Other ``Box`` values are encoded as they are, even outside their bounds.
 
     Examples:
         >>> import gymnasium as gym
