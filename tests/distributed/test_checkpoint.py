@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from spawn_ranks import spawn
+from tensordict import TensorDict
 from torch import nn
 from toy import chunk_loss, episodes, make_buffer, make_model
 
@@ -117,3 +118,41 @@ def test_incomplete_or_mismatched_checkpoints_are_refused(tmp_path):
         save_checkpoint(tmp_path / "two", step=1, workers=[0, 1], **parts)
     with pytest.raises(TypeError, match="step must be an int, got 1.0"):
         save_checkpoint(tmp_path / "two", step=1.0, **parts)
+
+
+@pytest.mark.parametrize(
+    "extra, kind",
+    [({"mean": np.zeros(3)}, "ndarray"), ({"norm": TensorDict(loc=torch.zeros(2))}, "TensorDict"),
+     ({"scale": np.float64(1.0)}, "float64"), ({"f": len}, "builtin")],
+)
+def test_an_extra_that_would_not_load_back_is_refused_before_anything_is_written(tmp_path, extra, kind):
+    # torch.save writes these, but load_checkpoint's torch.load(weights_only=True) refuses
+    # them: the run would find its checkpoint unloadable only when resuming
+    model, _ = make_model()
+    optim, buffer = torch.optim.Adam(model.parameters()), make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    parts = {"buffer": buffer, "model": model, "optimizer": optim}
+    save_checkpoint(tmp_path, step=1, extra={"iteration": 1}, **parts)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(TypeError, match=r"(?s)extra=.* cannot be saved and loaded back with "
+                                        r"torch.load\(weights_only=True\).*torch.from_numpy"):
+        save_checkpoint(tmp_path, step=2, extra=extra, **parts)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert load_checkpoint(tmp_path, **parts)["extra"] == {"iteration": 1}  # the old one
+
+
+def test_a_damaged_manifest_an_empty_buffer_or_workers_not_a_list_are_named(tmp_path):
+    model, _ = make_model()
+    parts = {"buffer": make_buffer(0), "model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    with pytest.raises(ValueError, match=r"rank 0's buffer was never written to.*after the first rb.extend"):
+        save_checkpoint(tmp_path, step=0, **parts)  # TorchRL's own error came after the writes began
+    assert not any(tmp_path.iterdir())
+    parts["buffer"].extend(episodes([3, 4]))
+    with pytest.raises(TypeError, match=r"workers must be a list of ranks \(ints\), got 3; pass assign_workers"):
+        save_checkpoint(tmp_path, step=1, workers=3, **parts)
+    save_checkpoint(tmp_path, step=1, **parts)
+    manifest = tmp_path / "manifest.json"
+    for text, error in [("{bad", "JSONDecodeError"), ("{}", "KeyError: 'world_size'"), ("[1]", "TypeError")]:
+        manifest.write_text(text)
+        with pytest.raises(ValueError, match=rf"manifest.json is not a checkpoint manifest \({error}"):
+            load_checkpoint(tmp_path, **parts)

@@ -14,9 +14,11 @@ Layout under ``path``::
 """
 from __future__ import annotations
 
+import io
 import json
 import platform
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +80,30 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def _check_workers(workers) -> list[int] | None:
     if workers is None:
         return None
-    workers = list(workers)
-    if not all(isinstance(r, int) and not isinstance(r, bool) for r in workers):
-        raise TypeError(f"workers must be a list of ranks (ints), got {workers!r}.")
-    return workers
+    ranks = list(workers) if isinstance(workers, Iterable) else [None]
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise TypeError(
+            f"workers must be a list of ranks (ints), got {workers!r}; pass "
+            "assign_workers(num_workers, world_size)."
+        )
+    return ranks
+
+
+def _check_extra(extra) -> None:
+    """Refuses an ``extra`` that :func:`load_checkpoint`'s ``torch.load(weights_only=True)``
+    could not read back, before anything is written."""
+    saved = io.BytesIO()
+    try:
+        torch.save(extra, saved)
+        saved.seek(0)
+        torch.load(saved, weights_only=True)
+    except Exception as error:
+        raise TypeError(
+            f"extra={extra!r:.200} cannot be saved and loaded back with "
+            f"torch.load(weights_only=True) ({type(error).__name__}); "
+            "pass tensors, numbers, strings, and dicts, lists or tuples of them (NumPy "
+            "arrays as torch.from_numpy(a), a TensorDict as td.to_dict())."
+        ) from error
 
 
 def save_checkpoint(
@@ -134,8 +156,11 @@ def save_checkpoint(
         Path: ``path``.
 
     Raises:
-        TypeError: ``step`` not an int; ``workers`` not a list of ints.
-        ValueError: ``workers`` naming a rank outside ``[0, world_size)``.
+        TypeError: ``step`` not an int; ``workers`` not a list of ints; ``extra`` that
+            ``torch.load(weights_only=True)`` cannot read back (checked before anything is
+            written, so a checkpoint already at ``path`` stays whole).
+        ValueError: ``workers`` naming a rank outside ``[0, world_size)``; a ``buffer``
+            never written to (TorchRL cannot save its storage yet).
 
     Examples:
         >>> import tempfile, torch
@@ -161,6 +186,13 @@ def save_checkpoint(
         raise TypeError(f"step must be an int, got {step!r} ({type(step).__name__}).")
     rank, world_size = _world()
     workers = _check_workers(workers)
+    _check_extra(extra)
+    if not getattr(buffer.storage, "initialized", True):  # TorchRL refuses to dump it
+        raise ValueError(
+            f"rank {rank}'s buffer was never written to: TorchRL cannot save its "
+            f"{type(buffer.storage).__name__} before it holds data. Save after the first "
+            "rb.extend of every rank."
+        )
     if workers is not None and not all(0 <= r < world_size for r in workers):
         raise ValueError(
             f"workers={workers} names ranks outside [0, world_size) = [0, {world_size}); "
@@ -236,7 +268,8 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: no ``manifest.json`` (not a checkpoint, or an incomplete one),
             or no files of this rank.
-        ValueError: a world size other than the saved one; a worker -> rank map other
+        ValueError: a ``manifest.json`` that is not valid JSON or lacks a field; a world
+            size other than the saved one; a worker -> rank map other
             than the saved one; this rank's step differs from the manifest's (files of
             two checkpoints mixed).
     """
@@ -247,7 +280,14 @@ def load_checkpoint(
             f"{path / MANIFEST} not found: {path} is not a checkpoint, or an incomplete one "
             "(rank 0 writes the manifest after every rank saved); load a complete checkpoint."
         )
-    manifest = json.loads((path / MANIFEST).read_text())
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = {key: manifest[key] for key in ("world_size", "step", "workers", "versions")}
+    except (ValueError, KeyError, TypeError) as error:  # not JSON, or not a manifest's fields
+        raise ValueError(
+            f"{path / MANIFEST} is not a checkpoint manifest ({type(error).__name__}: "
+            f"{error}); it was damaged or written by something else: load another checkpoint."
+        ) from error
     if manifest["world_size"] != world_size:
         raise ValueError(
             f"world size changed: the checkpoint at {path} was saved by "
