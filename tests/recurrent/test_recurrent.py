@@ -817,6 +817,23 @@ def test_step_mode_refuses_a_state_of_another_shape():
         module(td)
 
 
+def test_step_mode_refuses_a_state_of_another_dtype():
+    """A float64 state (written by a primer of a module since cast) for a float32 GRU."""
+    module = ResetRNN(nn.GRU(F, H, batch_first=True), default_recurrent_mode=False)
+    state = torch.zeros(3, 1, H, dtype=torch.float64)
+    for flags in (torch.zeros(3, 1, dtype=torch.bool), torch.ones(3, 1, dtype=torch.bool)):
+        td = TensorDict({"embed": torch.randn(3, F), "is_first": flags, "recurrent_state": state}, [3])
+        with pytest.raises(TypeError, match=r"state entry 'recurrent_state' has dtype torch.float64, "
+                                            r"the rnn's parameters torch.float32.*make_tensordict_primer"):
+            module(td)
+    lstm = ResetRNN(nn.LSTMCell(F, H), default_recurrent_mode=False)
+    td = TensorDict({"embed": torch.randn(3, F), "is_first": torch.zeros(3, 1, dtype=torch.bool),
+                     ("recurrent_state", "h"): torch.zeros(3, H),
+                     ("recurrent_state", "c"): torch.zeros(3, H, dtype=torch.float16)}, [3])
+    with pytest.raises(TypeError, match=r"\('recurrent_state', 'c'\) has dtype torch.float16"):
+        lstm(td)
+
+
 def test_sequence_mode_runs_no_rows_and_names_no_steps():
     module = ResetRNN(nn.GRU(F, H, batch_first=True), default_recurrent_mode=True)
     empty = TensorDict({"embed": torch.randn(0, T, F), "is_first": torch.zeros(0, T, 1, dtype=torch.bool)}, [0, T])

@@ -108,7 +108,8 @@ class ResetRNN(TensorDictModuleBase):
             ``torch.func`` transform such as ``vmap`` (at call time); in step
             mode, no ``is_first_key`` entry, a state entry absent while some row
             is not at an episode start (append :meth:`make_tensordict_primer`), or a
-            state entry whose shape is not ``[*batch, *S]``.
+            state entry whose shape is not ``[*batch, *S]`` (``ValueError``) or whose dtype
+            is not the rnn's parameters' (``TypeError``).
 
     Examples:
         >>> import torch
@@ -408,6 +409,13 @@ class ResetRNN(TensorDictModuleBase):
                     f"{[*shape, *s]}, got {[*shape, *h.shape[1:]]}; it was written by another "
                     "module (another num_layers or hidden size?): give each ResetRNN its own "
                     "state_key and primer."
+                )
+            if h.dtype != self._dtype:  # the rnn's matmul would fail without naming the entry
+                raise TypeError(
+                    f"state entry {key!r} has dtype {h.dtype}, the rnn's parameters "
+                    f"{self._dtype}; the env's primer was made before the module was cast (or "
+                    "by another module): append module.make_tensordict_primer() after casting, "
+                    f"or cast the state with .to({self._dtype})."
                 )
         state = tuple(
             torch.where(reset.view(-1, *([1] * len(s))), i, h)
