@@ -1,3 +1,4 @@
+import re
 import threading
 import time
 
@@ -151,7 +152,33 @@ def test_bad_arguments():
         IngestThread([], buffer(), transform=1)
     with IngestThread([], buffer()) as ingest, pytest.raises(ValueError, match="collects freely"):
         ingest.request()
-    with IngestThread([], buffer(), on_demand=True) as ingest, pytest.raises(
-        ValueError, match="batches must be >= 1, got 0"
-    ):
-        ingest.request(0)
+    with IngestThread([], buffer(), on_demand=True) as ingest:
+        with pytest.raises(ValueError, match="batches must be >= 1, got 0"):
+            ingest.request(0)
+        for bad, kind in [("2", "str"), (1.5, "float"), (True, "bool")]:
+            with pytest.raises(TypeError, match=re.escape(f"batches must be a positive int, got {bad!r} ({kind})")):
+                ingest.request(bad)
+
+
+def test_a_failed_thread_fails_every_later_call():
+    ingest = IngestThread(batches_of(5, [], fail_at=2), buffer())
+    with pytest.raises(KeyError, match="the env crashed"):
+        ingest.wait(3, timeout=10)
+    for call in (lambda: ingest.wait(3, timeout=10), lambda: ingest.wait(1), ingest.check):
+        with pytest.raises(RuntimeError, match="the ingest thread failed earlier: KeyError: 'the env crashed'") as raised:
+            call()  # not "the collector ended after 2 batches", nor silence
+        assert isinstance(raised.value.__cause__, KeyError)
+    ingest.close()  # already raised: closes quietly
+    assert ingest.batches == 2
+
+
+def test_a_transform_that_returns_no_tensordict_is_named():
+    def in_place(batch):  # edits the batch, forgets to return it
+        batch["obs"] *= 2
+
+    for transform, got in [(in_place, "None"), (lambda batch: batch["obs"], "Tensor")]:
+        ingest = IngestThread(batches_of(2, []), buffer(), transform=transform)
+        with pytest.raises(TypeError, match=f"transform must return a TensorDict, got {got}"):
+            ingest.wait(1, timeout=10)
+        ingest.close()
+        assert ingest.batches == 0

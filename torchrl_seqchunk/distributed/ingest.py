@@ -41,7 +41,8 @@ class IngestThread:
       (advantages, say) runs while the learner waits, not while it trains.
 
     :meth:`wait` blocks until a given number of batches has been written and re-raises,
-    in the learner, any exception of the thread (also :meth:`check` and :meth:`close`).
+    in the learner, any exception of the thread (also :meth:`check` and :meth:`close`);
+    after a failure every later :meth:`wait` and :meth:`check` raises again, naming it.
     :meth:`close` (also on leaving a ``with`` block) stops the thread after the batch it
     is collecting and joins it; shut the collector down after it (``collector.shutdown()``),
     never while the thread may still iterate it.
@@ -63,8 +64,9 @@ class IngestThread:
 
     Raises:
         TypeError: ``collector`` is not iterable, ``buffer`` is not a TorchRL replay
-            buffer, ``transform`` is not callable; a batch that is not a TensorDict
-            (re-raised by :meth:`wait`).
+            buffer, ``transform`` is not callable; a batch that is not a TensorDict, or a
+            ``transform`` returning anything but a TensorDict (both re-raised by
+            :meth:`wait`).
 
     Examples:
         >>> import torch
@@ -108,6 +110,7 @@ class IngestThread:
         self.batches = self.frames = 0
         self._allowed = 0  # batches request() allowed (on demand)
         self._error: BaseException | None = None
+        self._raised = False  # the learner has seen self._error
         self._finished = False  # the collector is exhausted, or the thread failed or stopped
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -131,6 +134,12 @@ class IngestThread:
                     )
                 if self.transform is not None:
                     batch = self.transform(batch)
+                    if not isinstance(batch, TensorDictBase):
+                        raise TypeError(
+                            "transform must return a TensorDict, got "
+                            f"{'None' if batch is None else type(batch).__name__}; return the "
+                            "batch, also from a transform that edits it in place."
+                        )
                 self.buffer.extend(batch.reshape(-1))
                 with self._changed:
                     self.batches += 1
@@ -154,8 +163,14 @@ class IngestThread:
         """Allows ``batches`` more batches to be collected (``on_demand=True`` only).
 
         Raises:
+            TypeError: ``batches`` is not an int.
             ValueError: the thread runs free (``on_demand=False``), or ``batches`` < 1.
         """
+        if isinstance(batches, bool) or not isinstance(batches, int):
+            raise TypeError(
+                f"batches must be a positive int, got {batches!r} ({type(batches).__name__}); "
+                "pass the number of batches to collect, e.g. request(2)."
+            )
         if not self.on_demand:
             raise ValueError(
                 "request() paces an IngestThread built with on_demand=True; this one "
@@ -168,10 +183,24 @@ class IngestThread:
             self._changed.notify_all()
 
     def check(self) -> None:
-        """Re-raises the thread's exception, if it failed (once)."""
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        """Raises if the thread failed: its exception the first time, then on every later call.
+
+        Raises:
+            Exception: the thread's exception, the first time it is raised here (or by
+                :meth:`wait` / :meth:`close`).
+            RuntimeError: on every later call, ``the ingest thread failed earlier: <error>``
+                (the exception chained as its cause): the thread writes nothing more.
+        """
+        error = self._error
+        if error is None:
+            return
+        if self._raised:
+            raise RuntimeError(
+                f"IngestThread: the ingest thread failed earlier: {type(error).__name__}: "
+                f"{error}; it writes nothing more: build a new IngestThread to go on."
+            ) from error
+        self._raised = True
+        raise error
 
     def wait(self, batches: int, timeout: float | None = None) -> None:
         """Blocks until ``batches`` batches in all have been written.
@@ -182,9 +211,10 @@ class IngestThread:
                 limit).
 
         Raises:
-            Exception: the thread's exception, re-raised here.
+            Exception: the thread's exception, re-raised here (later calls raise
+                :meth:`check`'s ``RuntimeError`` naming it).
             RuntimeError: the collector ended (or the thread was closed) before
-                ``batches`` batches.
+                ``batches`` batches; the thread failed earlier.
             TimeoutError: ``timeout`` passed first.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -213,6 +243,9 @@ class IngestThread:
             timeout (float): seconds to wait for the thread (a collector batch in flight).
                 Past it, ``close`` returns with a warning and leaves the daemon thread to
                 end after that batch (unwritten). Defaults to ``10.0``.
+
+        Raises:
+            Exception: the thread's exception, if it failed and no earlier call raised it.
         """
         self._stop.set()
         with self._changed:
@@ -226,7 +259,8 @@ class IngestThread:
                 "longer timeout.",
                 stacklevel=2,
             )
-        self.check()
+        if not self._raised:
+            self.check()
 
     def __enter__(self) -> IngestThread:
         return self
