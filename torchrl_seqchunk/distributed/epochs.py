@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from ..streams.sampler import StreamChunkSampler
+from .ranks import _all_reduce
 
 __all__ = ["EvenEpochs"]
 
@@ -108,12 +108,7 @@ class EvenEpochs:
         """The smallest ``own`` over the ranks of the group (``own`` alone without one)."""
         if self.group is None:
             return own
-        device = "cpu"
-        if dist.get_backend(self.group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        count = torch.tensor([own], dtype=torch.long, device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MIN, group=self.group)
-        return int(count.item())
+        return _all_reduce([own], dist.ReduceOp.MIN, self.group)[0]
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         sampler, failure = self.buffer.sampler, None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 __all__ = ["assign_workers", "rank_seed"]
 
@@ -21,6 +23,20 @@ def _check_int(name: str, value, low: int) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}.")
     return int(value)
+
+
+def _all_reduce(
+    values: list[int], op: dist.ReduceOp, group: dist.ProcessGroup | None = None
+) -> list[int]:
+    """``values`` reduced element-wise with ``op`` over the ranks of ``group`` (the default
+    group when ``None``): a collective, every rank of the group calls it. The ints travel on
+    the CPU under gloo, on this rank's GPU under NCCL."""
+    device = "cpu"
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    reduced = torch.tensor(values, dtype=torch.long, device=device)
+    dist.all_reduce(reduced, op=op, group=group)
+    return reduced.tolist()
 
 
 def rank_seed(seed: int, rank: int) -> int:
