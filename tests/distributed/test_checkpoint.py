@@ -4,6 +4,7 @@ import random
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from spawn_ranks import spawn
 from tensordict import TensorDict
 from torch import nn
@@ -156,3 +157,157 @@ def test_a_damaged_manifest_an_empty_buffer_or_workers_not_a_list_are_named(tmp_
         manifest.write_text(text)
         with pytest.raises(ValueError, match=rf"manifest.json is not a checkpoint manifest \({error}"):
             load_checkpoint(tmp_path, **parts)
+
+
+class Killed(BaseException):
+    """The job killed (SIGKILL) at this point: no rank runs another line."""
+
+
+def act_as_rank(monkeypatch, rank: int, collectives_done: int | None = None) -> None:
+    """This process plays rank ``rank`` of 2 whose peer takes part in its first
+    ``collectives_done`` collectives (all when None, reporting no failure), after which
+    the job is killed while this rank waits in the next one."""
+    calls = []
+
+    def collective(*args, **kwargs):
+        calls.append(1)
+        if collectives_done is not None and len(calls) > collectives_done:
+            raise Killed
+
+    for name, value in [("is_initialized", lambda: True), ("get_rank", lambda group=None: rank),
+                        ("get_world_size", lambda group=None: 2),
+                        ("get_backend", lambda group=None: "gloo"),
+                        ("all_reduce", collective), ("barrier", collective)]:
+        monkeypatch.setattr(dist, name, value)
+
+
+def test_no_rank_writes_before_rank_0_removed_the_old_manifest(tmp_path, monkeypatch):
+    model, _ = make_model()
+    parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    buffers = [make_buffer(rank) for rank in range(2)]
+    for rank, buffer in enumerate(buffers):  # a complete 2-rank checkpoint of step 1
+        buffer.extend(episodes([3, 4]))
+        with monkeypatch.context() as m:
+            act_as_rank(m, rank)
+            save_checkpoint(tmp_path, step=1, buffer=buffer, **parts)
+    buffers[1].extend(episodes([2, 5]))  # 7 + 7 steps by step 2
+
+    def dumps_then_killed(folder):  # the job dies right after rank 1's buffer is written
+        type(buffers[1]).dumps(buffers[1], folder)
+        raise Killed
+
+    monkeypatch.setattr(buffers[1], "dumps", dumps_then_killed)
+    # rank 0 checked its arguments with rank 1, then the job was killed before rank 0 removed
+    # the manifest of step 1: rank 1 must not have written its buffer of step 2 meanwhile
+    with monkeypatch.context() as m, pytest.raises(Killed):
+        act_as_rank(m, 1, collectives_done=1)
+        save_checkpoint(tmp_path, step=2, buffer=buffers[1], **parts)
+    with monkeypatch.context() as m:
+        act_as_rank(m, 1)
+        resumed = make_buffer(1)
+        loaded = load_checkpoint(tmp_path, buffer=resumed, **parts)
+    # the old checkpoint, whole: step 1 with rank 1's 7 steps, not its 14 of step 2
+    assert loaded["step"] == 1 and len(resumed) == 7
+
+
+def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
+    model, _ = make_model()
+    optim, buffer = torch.optim.Adam(model.parameters()), make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    optim.zero_grad()
+    chunk_loss(model, buffer.sample()).backward()
+    optim.step()
+    save_checkpoint(tmp_path, step=1, buffer=buffer, model=model, optimizer=optim)
+
+    def run(*, streams=2, out_features=1, two_groups=False):
+        """A run to resume: 4 steps already in its buffer, a model of another seed."""
+        torch.manual_seed(1)
+        buffer = make_buffer(0, streams=streams)
+        buffer.extend(episodes([2, 2]))
+        model, _ = make_model()
+        model[2].module[1] = nn.Linear(4, out_features)
+        params = list(model.parameters())
+        groups = [{"params": params[:2]}, {"params": params[2:]}] if two_groups else params
+        return buffer, model, torch.optim.Adam(groups)
+
+    cases = [
+        ({"out_features": 2}, r"model does not fit rank 0's saved model \(other shapes "
+                              r"\['module.2.module.1.weight: saved \[1, 4\], here \[2, 4\]', "
+                              r"'module.2.module.1.bias: saved \[1\], here \[2\]'\]\)"),
+        ({"two_groups": True}, r"optimizer does not fit rank 0's saved optimizer \(ValueError: loaded state "
+                        r"dict has a different number of parameter groups\)"),
+        ({"streams": 3}, r"\(num_streams, seq_len\) = \(2, 4\), this sampler has \(3, 4\)"),
+    ]
+    for options, error in cases:
+        buffer, model, optim = run(**options)
+        steps, rng = buffer.storage[:].clone(), torch.get_rng_state()
+        weights = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+        with pytest.raises(ValueError, match=error):
+            load_checkpoint(tmp_path, buffer=buffer, model=model, optimizer=optim)
+        # as they were: the buffer's 4 steps, the model's weights, no optimizer state, the generator
+        assert len(buffer) == 4 and (buffer.storage[:] == steps).all()
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+        assert optim.state_dict()["state"] == {}
+        assert torch.equal(torch.get_rng_state(), rng)
+
+
+def fail_on_rank_1(rank, world_size, out):
+    """Rank 1 fails in turn: saving a buffer never written to, writing where a file blocks its
+    folder, loading into a model of another shape; then every rank saves and loads. Records,
+    after each call on each rank, what it raised and whether the manifest exists."""
+    torch.manual_seed(0)
+    model, _ = make_model()
+    parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    buffer, path, calls = make_buffer(rank), out / "checkpoint", []
+    if rank == 0:
+        buffer.extend(episodes([3, 4]))
+
+    def record(call):
+        try:
+            call()
+            calls.append([None, (path / "manifest.json").exists()])
+        except Exception as error:
+            calls.append([f"{type(error).__name__}: {error}", (path / "manifest.json").exists()])
+
+    record(lambda: save_checkpoint(path, step=1, buffer=buffer, **parts))
+    if rank == 1:
+        buffer.extend(episodes([2, 3]))
+        path.mkdir()
+        (path / "rank1").write_text("not a folder")
+    record(lambda: save_checkpoint(path, step=2, buffer=buffer, **parts))
+    if rank == 1:
+        (path / "rank1").unlink()
+    record(lambda: save_checkpoint(path, step=3, buffer=buffer, **parts))
+    other, _ = make_model()
+    if rank == 1:
+        other[2].module[1] = nn.Linear(4, 2)
+    record(lambda: load_checkpoint(path, buffer=make_buffer(rank), model=other,
+                                   optimizer=torch.optim.Adam(other.parameters())))
+    resumed = make_buffer(rank)
+    step = load_checkpoint(path, buffer=resumed, **parts)["step"]
+    (out / f"rank{rank}.json").write_text(json.dumps({"calls": calls, "step": step, "steps": len(resumed)}))
+
+
+@pytest.mark.distributed
+def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path):
+    spawn(fail_on_rank_1, tmp_path, timeout=90)  # before, rank 0 waited in a barrier forever
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    path = tmp_path / "checkpoint"
+    failed = "RuntimeError: rank(s) [1] failed while {} (their own errors say why and how to fix it); {}"
+    untouched = f"nothing was written: a checkpoint at {path} is as it was."
+    incomplete = f"{path} holds no manifest (an incomplete checkpoint): save again."
+    unloaded = "nothing was loaded: the buffer, model, optimizer and random generators of every rank are as they were."
+    assert rank0["calls"] == [
+        [failed.format("checking the arguments of save_checkpoint", untouched), False],
+        [failed.format("writing its files", incomplete), False],
+        [None, True],
+        [failed.format(f"checking the checkpoint at {path}", unloaded), True],
+    ]
+    errors, manifest = zip(*rank1["calls"])
+    assert errors[0].startswith("ValueError: rank 1's buffer was never written to")
+    assert errors[1] == f"FileExistsError: [Errno 17] File exists: '{path / 'rank1'}'"
+    assert errors[2] is None
+    assert errors[3].startswith("ValueError: model does not fit rank 1's saved model (other shapes")
+    assert manifest == (False, False, True, True)
+    # the checkpoint of step 3: rank 0's 3 + 4 steps, rank 1's 2 + 3
+    assert (rank0["step"], rank0["steps"], rank1["step"], rank1["steps"]) == (3, 7, 3, 5)

@@ -545,13 +545,17 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 **streams,
             }
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def _check_sizes(self, state_dict: dict[str, Any]) -> None:
+        """Raises if ``state_dict`` is of a sampler of other sizes (before anything loads)."""
         sizes = (state_dict["num_streams"], state_dict["seq_len"])
         if sizes != (self.num_streams, self.seq_len):
             raise ValueError(
                 f"state_dict is for (num_streams, seq_len) = {sizes}, this sampler has "
                 f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
             )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_sizes(state_dict)
         with self._lock:
             self._empty()
             self._log.load(state_dict["log"])
@@ -563,8 +567,13 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         path.mkdir(parents=True, exist_ok=True)
         torch.save(self.state_dict(), path / "stream_chunk_sampler.pt")
 
+    @staticmethod
+    def _read(path) -> dict[str, Any]:
+        """The state :meth:`dumps` wrote into the folder ``path``."""
+        return torch.load(Path(path).absolute() / "stream_chunk_sampler.pt")
+
     def loads(self, path) -> None:
-        self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
+        self.load_state_dict(self._read(path))
 
     _SETTINGS = (
         "num_streams", "seq_len", "end_key", "traj_key", "is_first_key", "replacement",
