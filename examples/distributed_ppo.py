@@ -118,6 +118,25 @@ def parse_args(argv=None) -> DistConfig:
     return cfg
 
 
+def loopback_store() -> dist.TCPStore:
+    """The ranks' rendezvous: a torch.distributed store served from this process on a socket bound
+    to 127.0.0.1 (a TCPStore binding its own socket listens on every interface). Ranks join it
+    with join_loopback_group(..., store.port)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True,
+                         master_listen_fd=listener.detach(), wait_for_workers=False)
+
+
+def join_loopback_group(backend: str, rank: int, world_size: int, port: int) -> None:
+    """torch.distributed's default group through the loopback_store on `port`; gloo's own
+    sockets on the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(minutes=5))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+
+
 def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch: int, total_frames: int):
     """Env worker `worker`: a TorchRL collector of one acting env (num_envs envs) whose trajectory
     ids carry the worker's tag; in this process (local) or a Ray actor (ray)."""
@@ -191,10 +210,7 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
     if device.type == "cuda" and device.index is None:  # one GPU per rank
         device = torch.device("cuda", rank % torch.cuda.device_count())
     cfg = dataclasses.replace(cfg, device=str(device))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")  # gloo on the loopback
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(minutes=5))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.learners, timeout=timedelta(minutes=5))
+    join_loopback_group("nccl" if device.type == "cuda" else "gloo", rank, cfg.learners, port)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     torch.set_num_threads(cfg.threads)
     if cfg.engine == "ray":
@@ -262,11 +278,7 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
 
 def main(cfg: DistConfig) -> None:
     run_dir(cfg)  # refuse to replace a finished run before starting anything
-    listener = socket.socket()  # the learners' rendezvous: a store served from here, on the loopback only
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    store = dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True,
-                          master_listen_fd=listener.detach(), wait_for_workers=False)
+    store = loopback_store()  # serves the learners' rendezvous while they run
     if cfg.engine == "ray" and not cfg.address:
         # Read by the ranks when they import Ray: the switch that keeps a cluster on the loopback
         # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
