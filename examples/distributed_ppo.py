@@ -1,13 +1,20 @@
 """Recurrent PPO on stream chunks with several learner processes and env workers.
 
-The main job (examples/recurrent_ppo.py, `--batching streams`) past one process, on one
-machine: `--learners W` learner processes (torch.distributed gloo ranks bound to
-127.0.0.1, or NCCL with a CUDA `--device`), each a DistributedDataParallel replica, and
-`--workers N` env workers (TorchRL collectors of `--num-envs` envs each) assigned to the
-learners round robin.
+The main job (examples/recurrent_ppo.py, `--batching streams`) past one process:
+`--learners W` learner processes (torch.distributed gloo ranks bound to 127.0.0.1, or NCCL
+with a CUDA `--device`), each a DistributedDataParallel replica, and `--workers N` env
+workers (TorchRL collectors of `--num-envs` envs each) assigned to the learners round robin.
+`--engine` says where the workers step their envs:
+  local  each rank's collectors run in its own process (threads); nothing to install;
+  ray    each worker is a TorchRL RayCollector actor. Without `--address`, rank 0 starts a
+         local Ray cluster bound to 127.0.0.1, without dashboard, and stops it at the end;
+         with `--address` (e.g. "auto", "head-node:6379") every rank joins that cluster,
+         which outlives the run. Needs the `distributed` extra (pip install -e ".[distributed]").
 
     python examples/distributed_ppo.py                          # 2 learners, 2 workers
     python examples/distributed_ppo.py --learners 2 --workers 4
+    python examples/distributed_ppo.py --engine ray             # workers as Ray actors
+    python examples/distributed_ppo.py --engine ray --address auto
 
 Each learner rank owns a buffer, a StreamChunkSampler seeded by (seed, rank), a
 ChunkPrefetcher and the ResetRNN carries of its streams. Per iteration, on every rank:
@@ -16,26 +23,33 @@ ChunkPrefetcher and the ResetRNN carries of its streams. Per iteration, on every
      writes the steps into the rank's buffer (trajectory ids tagged per worker);
   2. `--epochs` epochs of [B, L] chunks, cut by EvenEpochs to the count every rank has, so
      that every rank runs as many DDP steps (gradients averaged over the ranks);
-  3. rank 0 gathers the ranks' finished episodes and losses and writes the report.
+  3. the workers get the new weights; rank 0 gathers the ranks' finished episodes and
+     losses and writes the report.
 Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png (frames: all workers').
+With `--engine ray` the workers' own output stays in Ray's session logs
+(/tmp/ray/session_latest/logs); their errors are raised in the learners.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import os
 import re
 import socket
+import sys
+import warnings
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.envs import Compose
 
 from torchrl_seqchunk import (
     ChunkPrefetcher,
@@ -55,6 +69,7 @@ from recurrent_ppo import (
     add_advantages,
     anneal,
     finished_returns,
+    make_acting_env,
     make_agent,
     make_env,
     make_loss,
@@ -70,11 +85,25 @@ class DistConfig(Config):
     workers: int = opt(2, "env workers, TorchRL collectors of num_envs envs each, assigned to learners round "
                           "robin; a multiple of --learners, or the ranks with fewer workers set the chunks per epoch")
     learners: int = opt(2, "learner processes (torch.distributed ranks on 127.0.0.1, one DDP replica each)")
+    engine: str = opt("local", "where the env workers step: in their learner's process (local), or as Ray "
+                               "actors (ray: TorchRL's RayCollector; the distributed extra)")
+    address: str = opt("", 'ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local '
+                           "cluster on 127.0.0.1, without dashboard, for the run")
+
+
+EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
 
 
 def parse_args(argv=None) -> DistConfig:
-    parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",)})
+    parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",), "engine": ("local", "ray")})
     cfg = DistConfig(**vars(parser.parse_args(argv)))
+    if cfg.address and cfg.engine != "ray":
+        parser.error(f"--address {cfg.address!r} names a Ray cluster; add --engine ray (got --engine {cfg.engine})")
+    if cfg.engine == "ray" and importlib.util.find_spec("ray") is None:
+        parser.error('--engine ray needs Ray: pip install -e ".[distributed]" (or use --engine local)')
+    if cfg.engine == "ray" and torch.device(cfg.device).type != "cpu":
+        parser.error(f"--engine ray runs the policy on the Ray workers' CPUs, so the learners must be on the "
+                     f"CPU too; got --device {cfg.device} (use --engine local on GPUs)")
     if cfg.learners < 1 or cfg.workers < cfg.learners:
         parser.error(f"--workers ({cfg.workers}) must be at least --learners ({cfg.learners}) >= 1: "
                      "every learner needs an env worker")
@@ -89,33 +118,112 @@ def parse_args(argv=None) -> DistConfig:
     return cfg
 
 
+def loopback_store() -> dist.TCPStore:
+    """The ranks' rendezvous: a torch.distributed store served from this process on a socket bound
+    to 127.0.0.1 (a TCPStore binding its own socket listens on every interface). Ranks join it
+    with join_loopback_group(..., store.port)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True,
+                         master_listen_fd=listener.detach(), wait_for_workers=False)
+
+
+def join_loopback_group(backend: str, rank: int, world_size: int, port: int) -> None:
+    """torch.distributed's default group through the loopback_store on `port`; gloo's own
+    sockets on the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(minutes=5))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+
+
+def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch: int, total_frames: int):
+    """Env worker `worker`: a TorchRL collector of one acting env (num_envs envs) whose trajectory
+    ids carry the worker's tag; in this process (local) or a Ray actor (ray)."""
+    # a picklable factory: recurrent_ppo's Config, which Ray workers import, not this script's class
+    job = Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
+    env_factory = functools.partial(make_acting_env, job, rnns, cfg.seed + 1000 * worker)
+    options = {"auto_register_policy_transforms": False,  # InitTracker(init_key="is_first") is there
+               "postproc": TagTrajectories(worker, cfg.workers)}
+    if cfg.engine == "local":
+        return Collector(env_factory(), policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
+                         device=cfg.device, **options)
+    from torchrl.collectors.distributed import RayCollector
+
+    # the worker starts from the weights pickled with the policy, then gets them from send_weights
+    warnings.filterwarnings("ignore", "RayCollector iteration started before weight synchronization")
+    return RayCollector(
+        [env_factory], policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
+        sync=True,  # a batch is collected when asked for, under the weights sent last: on-policy
+        collector_kwargs=[options], remote_configs=[{"num_cpus": 1}],
+        weight_sync_schemes={},  # weights travel through Ray's object store (send_weights)
+    )
+
+
+def send_weights(cfg: DistConfig, collector, policy) -> None:
+    """The policy's current weights to a worker, before it collects again.
+
+    A local collector steps the learner's own policy module. A Ray worker gets them through
+    Ray's object store, applied by its collector's update_policy_weights_ (RayCollector.map_fn
+    waits until it is done), rather than by TorchRL's default RayWeightSyncScheme, whose
+    torch.distributed store would listen on every network interface of the learner."""
+    if cfg.engine == "local":
+        collector.update_policy_weights_()
+    else:
+        weights = TensorDict.from_module(policy).data
+        collector.map_fn("update_policy_weights_", list_of_kwargs=[{"policy_or_weights": weights}])
+
+
+def join_ray(cfg: DistConfig, rank: int) -> None:
+    """Connects this rank to Ray: to --address, or to a local cluster that rank 0 starts on
+    127.0.0.1 (no dashboard; one CPU per worker at least) and whose address it broadcasts."""
+    import ray
+
+    options = {"runtime_env": {"working_dir": str(EXAMPLES)},  # the workers import recurrent_ppo
+               "log_to_driver": False, "logging_level": "warning"}
+    address = [cfg.address]
+    if not cfg.address:
+        if rank == 0:
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1",
+                     num_cpus=max(cfg.workers, os.cpu_count() or 1), **options)
+            address = [ray.get_runtime_context().gcs_address]
+        dist.broadcast_object_list(address, src=0)
+    if not ray.is_initialized():
+        ray.init(address=address[0], **options)
+
+
+def leave_ray(cfg: DistConfig, rank: int) -> None:
+    """Disconnects every rank; the owner of a local cluster (rank 0) stops it once the others left."""
+    import ray
+
+    owner = rank == 0 and not cfg.address
+    if not owner:
+        ray.shutdown()
+    dist.barrier()
+    if owner:
+        ray.shutdown()
+
+
 def learner(rank: int, cfg: DistConfig, port: int) -> None:
     """One learner rank: its workers' collectors, buffer, streams and DDP replica."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device(cfg.device)
     if device.type == "cuda" and device.index is None:  # one GPU per rank
         device = torch.device("cuda", rank % torch.cuda.device_count())
     cfg = dataclasses.replace(cfg, device=str(device))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=cfg.learners, timeout=timedelta(minutes=5))
+    join_loopback_group("nccl" if device.type == "cuda" else "gloo", rank, cfg.learners, port)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     torch.set_num_threads(cfg.threads)
+    if cfg.engine == "ray":
+        join_ray(cfg, rank)
 
     workers = [w for w, r in enumerate(assign_workers(cfg.workers, cfg.learners)) if r == rank]
     frames_per_batch = cfg.num_envs * cfg.rollout_len
     iterations = -(-cfg.total_frames // (frames_per_batch * cfg.workers))  # whole rollouts
-    envs = [make_env(cfg) for _ in workers]
-    actor, critic, rnns = make_agent(cfg, envs[0])
+    actor, critic, rnns = make_agent(cfg, make_env(cfg))  # shaped by the env's specs
     actor, critic = actor.to(device), critic.to(device)
-    collectors = []
-    for w, env in zip(workers, envs):
-        env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
-        env.set_seed(cfg.seed + 1000 * w)
-        collectors.append(Collector(
-            env, TensorDictSequential(actor, critic), frames_per_batch=frames_per_batch,
-            total_frames=iterations * frames_per_batch, device=device,
-            auto_register_policy_transforms=False, postproc=TagTrajectories(w, cfg.workers),
-        ))
+    policy = TensorDictSequential(actor, critic)  # the critic also runs, storing its memory
+    collectors = [make_collector(cfg, w, policy, rnns, frames_per_batch, iterations * frames_per_batch)
+                  for w in workers]
     loss_module = make_loss(cfg, actor, critic)
     ddp = nn.parallel.DistributedDataParallel(loss_module)  # averages gradients over the ranks
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
@@ -123,8 +231,11 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
     generator = torch.Generator().manual_seed(rank_seed(cfg.seed, rank))
     buffer = make_stream_buffer(cfg, len(workers) * frames_per_batch, generator)
     even = EvenEpochs(buffer)
-    ingests = [IngestThread(c, buffer, transform=functools.partial(add_advantages, cfg, critic), on_demand=True)
-               for c in collectors]
+
+    def advantages(rollout):  # [num_envs, T]; a RayCollector stacks its one worker's: [1, num_envs, T]
+        return add_advantages(cfg, critic, rollout.reshape(-1, rollout.shape[-1]).to(device))
+
+    ingests = [IngestThread(c, buffer, transform=advantages, on_demand=True) for c in collectors]
     report = Report(cfg, iterations * frames_per_batch * cfg.workers) if rank == 0 else None
     try:
         for iteration in range(iterations):
@@ -139,7 +250,7 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
             with ChunkPrefetcher(epochs, device=device) as chunks:
                 losses = update(cfg, ddp, optim, chunks)
             for collector in collectors:
-                collector.update_policy_weights_()
+                send_weights(cfg, collector, policy)
             anneal(cfg, optim, loss_module, max(0.0, 1 - (iteration + 1) / iterations))
             # rank 0 reports every rank's finished episodes and the ranks' mean losses
             gathered = [None] * cfg.learners
@@ -160,15 +271,20 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
             collector.shutdown()
     if report is not None:
         report.close()
+    if cfg.engine == "ray":
+        leave_ray(cfg, rank)
     dist.destroy_process_group()
 
 
 def main(cfg: DistConfig) -> None:
     run_dir(cfg)  # refuse to replace a finished run before starting anything
-    with socket.socket() as s:  # a free port for the rendezvous, on the loopback only
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(learner, args=(cfg, port), nprocs=cfg.learners, start_method="spawn")
+    store = loopback_store()  # serves the learners' rendezvous while they run
+    if cfg.engine == "ray" and not cfg.address:
+        # Read by the ranks when they import Ray: the switch that keeps a cluster on the loopback
+        # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
+        # and token authentication on every rank (~/.ray/auth_token, made by the first ray.init)
+        os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token")
+    mp.start_processes(learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,19 @@ def make_env(cfg: Config) -> TransformedEnv:
     return TransformedEnv(batched, Compose(*transforms))
 
 
+def make_acting_env(cfg: Config, rnns, seed: int) -> TransformedEnv:
+    """make_env's env with the primers of the agent's ResetRNNs, seeded: what a collector steps.
+
+    The primers declare each ResetRNN's memory in the env specs: zeros at reset, carried
+    from ("next", state) to the root by the collector. A module-level function, so
+    functools.partial(make_acting_env, cfg, rnns, seed) is a picklable env factory for
+    workers in other processes (Ray actors)."""
+    env = make_env(cfg)
+    env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
+    env.set_seed(seed)
+    return env
+
+
 class IndependentOneHotCategorical(torch.distributions.Independent):
     """k independent one-hot categoricals, logits ``[*, k, n]``; log-probs summed over k."""
 
@@ -390,12 +403,8 @@ def main(cfg: Config) -> list[dict]:
     planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
     report = Report(cfg, planned_frames)
 
-    env = make_env(cfg)
-    actor, critic, rnns = make_agent(cfg, env)
-    # The primers declare each ResetRNN's memory in the env specs: zeros at reset, carried
-    # from ("next", state) to the root by the collector.
-    env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
-    env.set_seed(cfg.seed)
+    actor, critic, rnns = make_agent(cfg, make_env(cfg))  # shaped by the env's specs
+    env = make_acting_env(cfg, rnns, cfg.seed)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
 
     collector = Collector(

@@ -1,6 +1,8 @@
 """The learning benchmarks run end to end at a tiny budget, and their metrics are right by hand."""
 import csv
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +19,9 @@ import bench_memory  # noqa: E402
 
 
 def run_bench(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+                            capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -108,3 +111,31 @@ def test_boundary_benchmark_runs(tmp_path):
               "--frames", "256", "--out", str(tmp_path), "--resume")
     assert (tmp_path / "boundary.csv").read_text() == csv_text
     assert (tmp_path / "boundary_table.md").read_text() == table
+
+
+@pytest.mark.distributed
+def test_distributed_benchmark_ratios_follow_from_its_measurements(tmp_path):
+    out = run_bench("bench_distributed.py", "--rounds", "1", "--calibration-s", "0.2", "--collect-frames", "128",
+                    "--frames-per-batch", "64", "--steps", "2000", "--samples", "3", "--train-steps", "5",
+                    "--ddp-steps", "3", "--no-progress", "--out", str(tmp_path))
+    printed = {name: float(value) for name, value in re.findall(r"^RATIO (\S+) (\S+)$", out, flags=re.M)}
+    assert set(printed) == {"cpu_parallelism_2v1", "collect_fps_2v1", "collect_fps_2v1_normalised",
+                            "learner_chunks_ray_vs_local", "trainer_wait_fraction_local",
+                            "trainer_wait_fraction_ray", "ddp_steps_2v1", "ddp_steps_2v1_normalised"}
+    with open(tmp_path / "distributed.csv", newline="") as f:
+        m = {row["name"]: float(row["value"]) for row in csv.DictReader(f)}
+    cpu = m["cpu_parallelism_2v1"]
+    # every ratio from the raw measurements in the CSV (printed to 3 decimals)
+    expected = {
+        "cpu_parallelism_2v1": cpu,
+        "collect_fps_2v1": m["collect_fps_2"] / m["collect_fps_1"],
+        "collect_fps_2v1_normalised": m["collect_fps_2"] / m["collect_fps_1"] / cpu,
+        "learner_chunks_ray_vs_local": m["chunks_per_s_ray"] / m["chunks_per_s_local"],
+        "trainer_wait_fraction_local": m["wait_fraction_local"],
+        "trainer_wait_fraction_ray": m["wait_fraction_ray"],
+        "ddp_steps_2v1": 2 * m["ddp_steps_per_s_2"] / m["ddp_steps_per_s_1"],  # one chunk per rank and step
+        "ddp_steps_2v1_normalised": 2 * m["ddp_steps_per_s_2"] / m["ddp_steps_per_s_1"] / cpu,
+    }
+    assert printed == pytest.approx(expected, abs=6e-4)
+    assert all(value > 0 for value in m.values())
+    assert 0 <= m["wait_fraction_local"] <= 1 and 0 <= m["wait_fraction_ray"] <= 1

@@ -126,6 +126,13 @@ def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
     assert result.returncode == 2 and "every learner needs an env worker" in result.stderr
 
 
+def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--address", "auto"],
+                            check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and "--address 'auto' names a Ray cluster; add --engine ray" in result.stderr
+
+
 @pytest.mark.slow
 def test_reverse_curriculum_workers_print_no_ale_banner():
     code = (
