@@ -15,8 +15,8 @@ between ``-L/51`` and ``L/51`` for an episode of ``L`` steps). The main job
 every ``W`` of ``--windows`` (stride 1) x ``--modes`` x ``--seeds``.
 
 Per run, the score is the area under the learning curve: the mean over rollouts of the
-mean return of the last 20 episodes, divided by the best possible return ``L/51``
-(1.0: perfect from the start; 0: chance). Runs with the same seed share their env draws
+mean return of the last 20 episodes, rescaled from ``[-L/51, L/51]`` to ``[0, 1]`` (1.0:
+perfect from the start; 0.5: chance; 0: always wrong). Runs with the same seed share their env draws
 and initial weights, so modes are compared pair by pair: for each ``W`` the table gives the
 mean paired difference of ``reset_continue`` against each other mode, a 95% bootstrap
 confidence interval, and the two-sided p-value of an exact sign-flip permutation test over
@@ -77,9 +77,9 @@ def finished_runs(path: Path) -> dict[tuple[int, str, int], list[dict]]:
 
 
 def auc(rows: list[dict], best: float) -> float:
-    """Mean over rollouts of the mean return, over the best possible return (NaN rollouts left out)."""
+    """Mean over rollouts of the mean return, rescaled from ``[-best, best]`` to ``[0, 1]`` (NaN left out)."""
     values = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]
-    return statistics.mean(values) / best
+    return (statistics.mean(values) + best) / (2 * best)
 
 
 def paired_stats(diffs: list[float], rng: np.random.Generator) -> tuple[float, float, float, float]:
@@ -189,7 +189,7 @@ def main() -> None:
             scores[(mode, window, seed)] = auc(rows, best)
     rng = np.random.default_rng(0)
     lines = [f"RepeatFirstEasy, episodes of {args.episode_len} steps, {args.frames} frames per run, "
-             f"seeds {args.seeds}; AUC = mean return over the run / best possible return.", "",
+             f"seeds {args.seeds}; AUC = mean return over the run, 0 = always wrong, 0.5 = chance, 1 = perfect.", "",
              "| W | " + " | ".join(f"AUC {m}" for m in modes) + " | "
              + " | ".join(f"reset_continue - {m}: mean [95% CI], p" for m in modes[1:]) + " |",
              "|---" * (1 + 2 * len(modes) - 1) + "|"]

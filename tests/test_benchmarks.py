@@ -71,7 +71,7 @@ def test_sb3_side_runs_when_the_bench_extra_is_installed(tmp_path):
 
 def test_boundary_statistics_by_hand():
     rows = [{"return_mean": float("nan")}, {"return_mean": 0.1}, {"return_mean": 0.2}]
-    assert bench_boundary.auc(rows, best=0.5) == pytest.approx(0.3)
+    assert bench_boundary.auc(rows, best=0.5) == pytest.approx((0.15 + 0.5) / 1.0)  # [-0.5, 0.5] -> [0, 1]
     # diffs 1, 2, 3: of the 8 sign flips only +++ and --- reach |sum| = 6
     mean, low, high, p = bench_boundary.paired_stats([1.0, 2.0, 3.0], np.random.default_rng(0))
     assert (mean, p) == (2.0, 0.25) and 1.0 <= low <= mean <= high <= 3.0
