@@ -114,7 +114,7 @@ def parse_args(argv=None) -> DistConfig:
             parser.error(f"--target-return must be a number or 'auto', got {cfg.target_return!r}")
     if not cfg.name:
         env = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.env)
-        cfg.name = f"{env}_streams_{cfg.learners}learners_{cfg.workers}workers_seed{cfg.seed}"
+        cfg.name = f"{env}_streams_{cfg.engine}_{cfg.learners}learners_{cfg.workers}workers_seed{cfg.seed}"
     return cfg
 
 

@@ -154,8 +154,10 @@ def make_env(cfg: Config) -> TransformedEnv:
     if cfg.keep in ("auto", "all"):
         keep = DEFAULT_KEEP.get(cfg.env) if cfg.keep == "auto" else None
         if cfg.keep == "auto" and keep is None:
-            warnings.warn(f"--keep auto: no known mask for {cfg.env}, so the agent sees the full "
-                          "observation; pass --keep with the indices to keep to make it partial.", stacklevel=2)
+            # stacklevel 1: one warning per run, however many times the env is built
+            warnings.warn(f"--keep auto: no known mask for {cfg.env}, so the agent sees the env's whole "
+                          "observation (right for tasks that are partially observable already, such as "
+                          "POPGym's); pass --keep with the indices to keep to hide the rest.", stacklevel=1)
     else:
         keep = tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
     limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
