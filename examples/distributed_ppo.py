@@ -219,7 +219,7 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
     workers = [w for w, r in enumerate(assign_workers(cfg.workers, cfg.learners)) if r == rank]
     frames_per_batch = cfg.num_envs * cfg.rollout_len
     iterations = -(-cfg.total_frames // (frames_per_batch * cfg.workers))  # whole rollouts
-    actor, critic, rnns = make_agent(cfg, make_env(cfg))  # shaped by the env's specs
+    actor, critic, rnns = make_agent(cfg, make_env(cfg, warn=True))  # shaped by the env's specs
     actor, critic = actor.to(device), critic.to(device)
     policy = TensorDictSequential(actor, critic)  # the critic also runs, storing its memory
     collectors = [make_collector(cfg, w, policy, rnns, frames_per_batch, iterations * frames_per_batch)

@@ -150,14 +150,14 @@ def parse_args(argv=None) -> Config:
     return cfg
 
 
-def make_env(cfg: Config) -> TransformedEnv:
+def make_env(cfg: Config, *, warn: bool = False) -> TransformedEnv:
+    """The batched, transformed env of the run; ``warn``: say once per run if --keep auto knows no mask."""
     if cfg.keep in ("auto", "all"):
         keep = DEFAULT_KEEP.get(cfg.env) if cfg.keep == "auto" else None
-        if cfg.keep == "auto" and keep is None:
-            # stacklevel 1: one warning per run, however many times the env is built
+        if warn and cfg.keep == "auto" and keep is None:
             warnings.warn(f"--keep auto: no known mask for {cfg.env}, so the agent sees the env's whole "
                           "observation (right for tasks that are partially observable already, such as "
-                          "POPGym's); pass --keep with the indices to keep to hide the rest.", stacklevel=1)
+                          "POPGym's); pass --keep with the indices to keep to hide the rest.", stacklevel=2)
     else:
         keep = tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
     limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
@@ -405,7 +405,7 @@ def main(cfg: Config) -> list[dict]:
     planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
     report = Report(cfg, planned_frames)
 
-    actor, critic, rnns = make_agent(cfg, make_env(cfg))  # shaped by the env's specs
+    actor, critic, rnns = make_agent(cfg, make_env(cfg, warn=True))  # shaped by the env's specs
     env = make_acting_env(cfg, rnns, cfg.seed)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
 
