@@ -10,15 +10,17 @@ def opt(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
-def config_parser(config: type, description: str, choices: dict | None = None) -> argparse.ArgumentParser:
+def config_parser(config: type, description: str, choices: dict | None = None,
+                  hidden: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """``--field-name`` per field of the dataclass `config` (booleans as ``--x/--no-x``), each
-    showing its default; `choices` maps field names to their allowed values."""
+    showing its default; `choices` maps field names to their allowed values; the fields in
+    `hidden` get no flag (they keep their defaults)."""
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         pass
 
     parser = argparse.ArgumentParser(description=description, formatter_class=Formatter)
-    for field in dataclasses.fields(config):
+    for field in (f for f in dataclasses.fields(config) if f.name not in hidden):
         flag, help = "--" + field.name.replace("_", "-"), field.metadata["help"]
         if field.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=help)

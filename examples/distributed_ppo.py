@@ -91,11 +91,13 @@ class DistConfig(Config):
                            "cluster on 127.0.0.1, without dashboard, for the run")
 
 
+WINDOWS_ONLY = ("boundary_mode", "window", "stride", "minibatches")  # the main job's windows batching
 EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
 
 
 def parse_args(argv=None) -> DistConfig:
-    parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",), "engine": ("local", "ray")})
+    parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",), "engine": ("local", "ray")},
+                           hidden=WINDOWS_ONLY)
     cfg = DistConfig(**vars(parser.parse_args(argv)))
     if cfg.address and cfg.engine != "ray":
         parser.error(f"--address {cfg.address!r} names a Ray cluster; add --engine ray (got --engine {cfg.engine})")

@@ -133,6 +133,13 @@ def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
     assert result.returncode == 2 and "--address 'auto' names a Ray cluster; add --engine ray" in result.stderr
 
 
+def test_distributed_ppo_help_offers_no_windows_only_flag():
+    out = run_example("distributed_ppo.py", "--help")
+    assert "--learners" in out and "--chunk-len" in out
+    assert not any(flag in out for flag in ("--boundary-mode", "--window ", "--stride", "--minibatches"))
+    assert out.count("(default:") == out.count("\n  --")  # every flag says its default
+
+
 @pytest.mark.slow
 def test_reverse_curriculum_workers_print_no_ale_banner():
     code = (

@@ -156,8 +156,11 @@ def test_bad_arguments():
         with pytest.raises(ValueError, match="batches must be >= 1, got 0"):
             ingest.request(0)
         for bad, kind in [("2", "str"), (1.5, "float"), (True, "bool")]:
-            with pytest.raises(TypeError, match=re.escape(f"batches must be a positive int, got {bad!r} ({kind})")):
-                ingest.request(bad)
+            for call in (ingest.request, ingest.wait):
+                with pytest.raises(TypeError, match=re.escape(f"batches must be an int, got {bad!r} ({kind})")):
+                    call(bad)
+        with pytest.raises(TypeError, match=r"timeout must be a number of seconds or None, got '1' \(str\)"):
+            ingest.wait(1, timeout="1")
 
 
 def test_a_failed_thread_fails_every_later_call():

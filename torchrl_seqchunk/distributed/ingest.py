@@ -20,6 +20,15 @@ from torchrl.data import ReplayBuffer
 __all__ = ["IngestThread"]
 
 
+def _check_int_batches(batches, example: str) -> None:
+    """``batches`` must be an int (a bool is refused)."""
+    if isinstance(batches, bool) or not isinstance(batches, int):
+        raise TypeError(
+            f"batches must be an int, got {batches!r} ({type(batches).__name__}); pass a number "
+            f"of batches, e.g. {example}."
+        )
+
+
 class IngestThread:
     """Iterates a collector in a background thread and writes each batch into a buffer.
 
@@ -166,11 +175,7 @@ class IngestThread:
             TypeError: ``batches`` is not an int.
             ValueError: the thread runs free (``on_demand=False``), or ``batches`` < 1.
         """
-        if isinstance(batches, bool) or not isinstance(batches, int):
-            raise TypeError(
-                f"batches must be a positive int, got {batches!r} ({type(batches).__name__}); "
-                "pass the number of batches to collect, e.g. request(2)."
-            )
+        _check_int_batches(batches, "request(2)")
         if not self.on_demand:
             raise ValueError(
                 "request() paces an IngestThread built with on_demand=True; this one "
@@ -216,7 +221,12 @@ class IngestThread:
             RuntimeError: the collector ended (or the thread was closed) before
                 ``batches`` batches; the thread failed earlier.
             TimeoutError: ``timeout`` passed first.
+            TypeError: ``batches`` not an int; ``timeout`` neither a number nor None.
         """
+        _check_int_batches(batches, "wait(2)")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r} "
+                            f"({type(timeout).__name__}).")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while self.batches < batches and not self._finished:
