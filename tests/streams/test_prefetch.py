@@ -312,9 +312,18 @@ def test_a_worker_left_in_its_source_at_close_draws_nothing_more():
 
 def test_a_second_prefetcher_on_the_same_sampler_is_refused():
     rb = stream_buffer()
-    first, second = ChunkPrefetcher(rb.sample), ChunkPrefetcher(rb.sample)
+    first = ChunkPrefetcher(rb.sample, depth=2)
+    second = None
     try:
+        next(first)
+        deadline = time.monotonic() + 30
+        while not first._queue.full():  # the first now holds chunks it has not delivered
+            assert time.monotonic() < deadline, "the first prefetcher never ran ahead"
+            time.sleep(0.01)
+        second = ChunkPrefetcher(rb.sample)
         with pytest.raises(ValueError, match="second ChunkPrefetcher"):
-            next(first), next(second)
+            next(second)
     finally:
-        first.close(), second.close()
+        first.close()
+        if second is not None:
+            second.close()
