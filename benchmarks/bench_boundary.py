@@ -46,7 +46,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_learning import WINDOW, load_main_job, plot_runs  # benchmarks/bench_learning.py
+from bench_learning import (  # benchmarks/bench_learning.py
+    WINDOW,
+    finished_runs,
+    load_main_job,
+    plot_runs,
+)
 from tqdm import tqdm
 
 from torchrl_seqchunk import make_windows, slot_weights
@@ -63,17 +68,6 @@ def run(mode: str, window: int, seed: int, args) -> list[dict]:
                          boundary_mode=mode, seed=seed, total_frames=args.frames, runs_dir=runs, name="cell",
                          progress=False)
         return job.main(cfg)
-
-
-def finished_runs(path: Path) -> dict[tuple[int, str, int], list[dict]]:
-    """The runs an earlier call wrote to ``boundary.csv`` (rows are written once a run ends)."""
-    runs = {}
-    if path.exists():
-        with open(path, newline="") as f:
-            for r in csv.DictReader(f):
-                runs.setdefault((int(r["window"]), r["mode"], int(r["seed"])), []).append(
-                    {"frames": int(r["frames"]), "wall_s": float(r["wall_s"]), "return_mean": float(r["return_mean"])})
-    return runs
 
 
 def auc(rows: list[dict], best: float) -> float:
@@ -174,7 +168,7 @@ def main() -> None:
                          for window in windows for mode, values in shares[window].items())
     curves, scores = {}, {}
     grid = [(window, mode, seed) for window in windows for seed in seeds for mode in modes]
-    done = finished_runs(out / "boundary.csv") if args.resume else {}
+    done = finished_runs(out / "boundary.csv", {"window": int, "mode": str, "seed": int}) if args.resume else {}
     with open(out / "boundary.csv", "a" if done else "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["window", "mode", "seed", "frames", "wall_s", "return_mean"])
         if not done:

@@ -111,6 +111,19 @@ def run_sb3(seed: int, frames: int) -> list[dict]:
     return train_sb3(model, frames)  # the linear schedules run over `frames` (the zoo's 1e5)
 
 
+def finished_runs(path: Path, key: dict[str, type]) -> dict[tuple, list[dict]]:
+    """The runs an earlier call wrote to the CSV ``path`` (a run's rows are written once it
+    ends), by the tuple of its ``key`` columns converted with their types; each row keeps
+    frames, wall_s and return_mean. Empty if ``path`` does not exist."""
+    runs = {}
+    if path.exists():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                runs.setdefault(tuple(kind(r[name]) for name, kind in key.items()), []).append(
+                    {"frames": int(r["frames"]), "wall_s": float(r["wall_s"]), "return_mean": float(r["return_mean"])})
+    return runs
+
+
 def summary(rows: list[dict], cap: int) -> dict:
     """Frames and wall seconds to the target (the cap and the whole run if never), final return."""
     reached = [r for r in rows if r["return_mean"] >= TARGET]

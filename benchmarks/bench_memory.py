@@ -19,20 +19,24 @@ of every run), ``memory_table.md`` (median MMER over seeds, and the range) and
 
     python benchmarks/bench_memory.py                               # the default suite
     python benchmarks/bench_memory.py --envs RepeatFirstEasy --modes reset_continue,mask --seeds 0,1,2,3,4
+    python benchmarks/bench_memory.py --jobs 2 --resume   # two cells at once; only the missing ones
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import math
+import multiprocessing
 import statistics
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import gymnasium as gym
 import torch
 from bench_learning import (  # benchmarks/bench_learning.py
     WINDOW,
+    finished_runs,
     load_main_job,
     plot_runs,
     train_sb3,
@@ -66,6 +70,12 @@ def run_sb3(name: str, seed: int, frames: int, num_envs: int) -> list[dict]:
 
     venv = make_vec_env(lambda: EncodeObservation(gym.make(env_id(name))), n_envs=num_envs, seed=seed)
     return train_sb3(RecurrentPPO("MlpLstmPolicy", venv, seed=seed), frames)
+
+
+def run_cell(name: str, mode: str, seed: int, frames: int, num_envs: int) -> list[dict]:
+    torch.set_num_threads(1)
+    rows = run_sb3(name, seed, frames, num_envs) if mode == "sb3" else run_ours(name, mode, seed, frames, num_envs)
+    return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
 
 
 def cell_summary(rows: list[dict], threshold: float, cap: int) -> dict:
@@ -114,30 +124,37 @@ def main() -> None:
                         help="mean return whose first frame is reported (POPGym returns lie in [-1, 1])")
     parser.add_argument("--no-sb3", action="store_true", help="leave sb3-contrib out (no bench extra needed)")
     parser.add_argument("--out", default="runs/bench_memory", help="output folder")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at once, one process each (one core each)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/memory.csv")
     args = parser.parse_args()
     envs, seeds = args.envs.split(","), [int(s) for s in args.seeds.split(",")]
     modes = [m for m in args.modes.split(",") if not (args.no_sb3 and m == "sb3")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {MODES}")
-    torch.set_num_threads(1)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    curves, cells = {}, {}
+    key = {"env": str, "mode": str, "seed": int}
+    done = finished_runs(out / "memory.csv", key) if args.resume else {}
     grid = [(name, mode, seed) for name in envs for mode in modes for seed in seeds]
-    with open(out / "memory.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["env", "mode", "seed", "frames", "wall_s", "return_mean"])
-        writer.writeheader()
-        for name, mode, seed in tqdm(grid, desc="grid"):
-            if mode == "sb3":
-                rows = run_sb3(name, seed, args.frames, args.num_envs)
-            else:
-                rows = run_ours(name, mode, seed, args.frames, args.num_envs)
-            writer.writerows({"env": name, "mode": mode, "seed": seed, "frames": r["frames"],
-                              "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows)
+    todo = [cell for cell in grid if cell not in done]
+    with open(out / "memory.csv", "a" if done else "w", newline="") as f, \
+            ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        writer = csv.DictWriter(f, fieldnames=[*key, "frames", "wall_s", "return_mean"])
+        if not done:
+            writer.writeheader()
+        running = {pool.submit(run_cell, *cell, args.frames, args.num_envs): cell for cell in todo}
+        for future in tqdm(as_completed(running), total=len(todo), desc="grid"):
+            cell = running[future]
+            done[cell] = future.result()
+            writer.writerows(dict(zip(key, cell), **r) for r in done[cell])
             f.flush()
-            curves.setdefault((name, mode), []).append(rows)
-            cells.setdefault((name, mode), []).append(cell_summary(rows, args.threshold, args.frames))
+    curves, cells = {}, {}
+    for name, mode, seed in grid:
+        curves.setdefault((name, mode), []).append(done[(name, mode, seed)])
+        cells.setdefault((name, mode), []).append(cell_summary(done[(name, mode, seed)], args.threshold, args.frames))
     lines = [f"MMER (median over seeds {args.seeds}, range) and frames to a mean return of "
              f"{args.threshold:g} (median), {args.frames:,} frames per run", "",
              "| env | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes)]
