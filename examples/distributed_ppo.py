@@ -15,6 +15,16 @@ workers (TorchRL collectors of `--num-envs` envs each) assigned to the learners 
     python examples/distributed_ppo.py --learners 2 --workers 4
     python examples/distributed_ppo.py --engine ray             # workers as Ray actors
     python examples/distributed_ppo.py --engine ray --address auto
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head-node:29400 \
+        examples/distributed_ppo.py --engine ray --address head-node:6379   # on every node
+
+Started by torchrun, the script runs one learner rank in its own process and joins torchrun's
+group (env://: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT): the learners are
+torchrun's ranks on every node (`--learners`, if given, must equal its world size), and a CUDA
+`--device` means the GPU of LOCAL_RANK. torchrun's rendezvous store and gloo's sockets use the
+nodes' network interfaces (GLOO_SOCKET_IFNAME picks one); without torchrun everything binds
+127.0.0.1. Under torchrun, `--engine ray` needs `--address` (a Ray cluster over the nodes);
+`--engine local` has each node's learners step their own workers.
 
 Each learner rank owns a buffer, a StreamChunkSampler seeded by (seed, rank), a
 ChunkPrefetcher and the ResetRNN carries of its streams. Per iteration, on every rank:
@@ -84,7 +94,8 @@ class DistConfig(Config):
     batching: str = opt("streams", "stream chunks with a carried state (the only batching here)")
     workers: int = opt(2, "env workers, TorchRL collectors of num_envs envs each, assigned to learners round "
                           "robin; a multiple of --learners, or the ranks with fewer workers set the chunks per epoch")
-    learners: int = opt(2, "learner processes (torch.distributed ranks on 127.0.0.1, one DDP replica each)")
+    learners: int = opt(2, "learner processes (torch.distributed ranks on 127.0.0.1, one DDP replica each); "
+                           "under torchrun, its world size")
     engine: str = opt("local", "where the env workers step: in their learner's process (local), or as Ray "
                                "actors (ray: TorchRL's RayCollector; the distributed extra)")
     address: str = opt("", 'ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local '
@@ -99,6 +110,16 @@ def parse_args(argv=None) -> DistConfig:
     parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",), "engine": ("local", "ray")},
                            hidden=WINDOWS_ONLY)
     cfg = DistConfig(**vars(parser.parse_args(argv)))
+    world = torchrun_world_size()
+    if world is not None:
+        if cfg.learners not in (world, parser.get_default("learners")):
+            parser.error(f"--learners {cfg.learners}, but torchrun started {world} ranks (WORLD_SIZE); under "
+                         "torchrun the learners are its ranks: leave --learners out")
+        cfg.learners = world
+        if cfg.engine == "ray" and not cfg.address:
+            parser.error("under torchrun, --engine ray joins a running Ray cluster: give --address (for example "
+                         "'auto' after `ray start --head` on this node); the script starts a cluster of its own "
+                         "only when it starts its own learners")
     if cfg.address and cfg.engine != "ray":
         parser.error(f"--address {cfg.address!r} names a Ray cluster; add --engine ray (got --engine {cfg.engine})")
     if cfg.engine == "ray" and importlib.util.find_spec("ray") is None:
@@ -118,6 +139,14 @@ def parse_args(argv=None) -> DistConfig:
         env = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.env)
         cfg.name = f"{env}_streams_{cfg.engine}_{cfg.learners}learners_{cfg.workers}workers_seed{cfg.seed}"
     return cfg
+
+
+def torchrun_world_size() -> int | None:
+    """The world size torchrun (torch.distributed.run) started this process in, or None when
+    it was not started by torchrun (then the script spawns its own learner ranks)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["WORLD_SIZE"])
 
 
 def loopback_store() -> dist.TCPStore:
@@ -206,13 +235,35 @@ def leave_ray(cfg: DistConfig, rank: int) -> None:
         ray.shutdown()
 
 
-def learner(rank: int, cfg: DistConfig, port: int) -> None:
-    """One learner rank: its workers' collectors, buffer, streams and DDP replica."""
+def rank_device(cfg: DistConfig, local_rank: int) -> torch.device:
+    """The learner's device: one GPU per rank on its node for a CUDA --device without index."""
     device = torch.device(cfg.device)
-    if device.type == "cuda" and device.index is None:  # one GPU per rank
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-    cfg = dataclasses.replace(cfg, device=str(device))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    return device
+
+
+def spawned_learner(rank: int, cfg: DistConfig, port: int) -> None:
+    """One learner rank started by main(): joins the other ranks through the loopback_store."""
+    device = rank_device(cfg, rank)
     join_loopback_group("nccl" if device.type == "cuda" else "gloo", rank, cfg.learners, port)
+    learner(rank, dataclasses.replace(cfg, device=str(device)))
+
+
+def torchrun_learner(cfg: DistConfig) -> None:
+    """This process as the learner rank torchrun started: joins torchrun's group (env://)."""
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        run_dir(cfg)  # refuse to replace a finished run before starting anything
+    device = rank_device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=5))
+    learner(rank, dataclasses.replace(cfg, device=str(device)))
+
+
+def learner(rank: int, cfg: DistConfig) -> None:
+    """One learner rank, in the default process group: its workers' collectors, buffer, streams
+    and DDP replica."""
+    device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     torch.set_num_threads(cfg.threads)
     if cfg.engine == "ray":
@@ -279,14 +330,17 @@ def learner(rank: int, cfg: DistConfig, port: int) -> None:
 
 
 def main(cfg: DistConfig) -> None:
-    run_dir(cfg)  # refuse to replace a finished run before starting anything
-    store = loopback_store()  # serves the learners' rendezvous while they run
-    if cfg.engine == "ray" and not cfg.address:
+    if cfg.engine == "ray" and not cfg.address:  # never under torchrun (parse_args)
         # Read by the ranks when they import Ray: the switch that keeps a cluster on the loopback
         # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
         # and token authentication on every rank (~/.ray/auth_token, made by the first ray.init)
         os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token")
-    mp.start_processes(learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
+    if torchrun_world_size() is not None:
+        torchrun_learner(cfg)
+        return
+    run_dir(cfg)  # refuse to replace a finished run before starting anything
+    store = loopback_store()  # serves the learners' rendezvous while they run
+    mp.start_processes(spawned_learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
 
 
 if __name__ == "__main__":
