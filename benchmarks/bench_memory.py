@@ -155,16 +155,25 @@ def main() -> None:
     for name, mode, seed in grid:
         curves.setdefault((name, mode), []).append(done[(name, mode, seed)])
         cells.setdefault((name, mode), []).append(cell_summary(done[(name, mode, seed)], args.threshold, args.frames))
+    ours = [m for m in modes if m != "sb3"]
+    versus = "sb3" in modes and bool(ours)  # the goal: the best of our modes vs sb3-contrib
     lines = [f"MMER (median over seeds {args.seeds}, range) and frames to a mean return of "
              f"{args.threshold:g} (median), {args.frames:,} frames per run", "",
-             "| env | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes)]
+             "| env | " + " | ".join(modes) + (" | best of ours - sb3 (median MMER) |" if versus else " |"),
+             "| --- |" + " --- |" * (len(modes) + versus)]
     for name in envs:
-        entries = []
+        entries, median = [], {}
         for mode in modes:
             got = cells[(name, mode)]
             mmer = [c["mmer"] for c in got]
+            median[mode] = statistics.median(mmer)
             frames = statistics.median(c["frames_to_threshold"] for c in got)
-            entries.append(f"{statistics.median(mmer):.3f} ({min(mmer):.3f} to {max(mmer):.3f}), {frames:,.0f}")
+            entries.append(f"{median[mode]:.3f} ({min(mmer):.3f} to {max(mmer):.3f}), {frames:,.0f}")
+        if versus:
+            best = max(ours, key=median.get)
+            gap = median[best] - median["sb3"]
+            entries.append(f"{best}: {gap:+.3f}")
+            print(f"RATIO mmer_best_ours_minus_sb3_{name} {gap:+.3f}")
         lines.append(f"| {name} | " + " | ".join(entries) + " |")
     table = "\n".join(lines)
     (out / "memory_table.md").write_text(table + "\n")
