@@ -89,6 +89,21 @@ def ingest_threads() -> int:
     return sum(thread.name == "IngestThread" for thread in threading.enumerate())
 
 
+def wait_for(condition, what, seconds=30.0):
+    """Polls ``condition()`` until it holds; fails, saying ``what`` never happened, after
+    ``seconds`` (a deadline far beyond any normal wait, so a loaded machine passes)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.005)
+
+
+def parked_or_ended(ingest) -> bool:
+    """The thread waits for a request (on demand), or has ended."""
+    with ingest._changed:
+        return bool(ingest._changed._waiters) or ingest._finished
+
+
 @pytest.mark.distributed
 def test_on_demand_pace_transform_and_end():
     pulled, rb = [], buffer()
@@ -104,7 +119,8 @@ def test_on_demand_pace_transform_and_end():
         assert pulled == []
         ingest.request()
         ingest.wait(1, timeout=10)
-        time.sleep(0.2)
+        # the thread has decided on its next batch: it waits for a request (or it ran on)
+        wait_for(lambda: parked_or_ended(ingest), "the thread waits for the next request")
         assert pulled == [0] and (ingest.batches, ingest.frames, len(rb)) == (1, 4, 4)
         ingest.request(4)
         ingest.wait(5, timeout=10)
@@ -139,6 +155,7 @@ def test_close_stops_an_endless_collector_and_errors_reach_the_learner():
     assert ingest.batches == 2
     ingest.close()  # already raised: closes quietly
     ingest = IngestThread([torch.zeros(3)], buffer())
+    wait_for(lambda: ingest._finished, "the thread fails on the tensor")  # before close stops it
     with pytest.raises(TypeError, match="the collector yielded a Tensor, not a TensorDict"):
         ingest.close()  # not raised yet: close raises it
 

@@ -26,6 +26,27 @@ def prefetch_threads():
     return [t for t in threading.enumerate() if t.name == "ChunkPrefetcher"]
 
 
+def wait_for(condition, what, seconds=30.0):
+    """Polls ``condition()`` until it holds; fails, saying ``what`` never happened, after
+    ``seconds`` (a deadline far beyond any normal wait, so a loaded machine passes)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.005)
+
+
+def waits_to_put(q):
+    """A thread is blocked in ``q.put`` (only the worker puts while the test runs)."""
+    with q.mutex:
+        return bool(q.not_full._waiters)
+
+
+def waits_to_get(q):
+    """A thread is blocked in ``q.get`` (the consumer, in ``next()``)."""
+    with q.mutex:
+        return bool(q.not_empty._waiters)
+
+
 @pytest.mark.parametrize("depth", [1, 2, 8])
 def test_order_holds_with_a_slow_consumer(depth):
     with ChunkPrefetcher(counter(), depth=depth) as chunks:
@@ -104,7 +125,7 @@ def test_worker_exception_surfaces_with_its_traceback():
 def test_close_joins_the_thread_while_the_queue_is_full():
     prefetcher = ChunkPrefetcher(counter(), depth=2)
     next(prefetcher)
-    time.sleep(0.05)  # the worker now blocks on a full queue
+    wait_until_full(prefetcher)  # the worker now blocks on a full queue
     assert len(prefetch_threads()) == 1
     prefetcher.close()
     assert not prefetch_threads()
@@ -128,7 +149,7 @@ def test_pin_memory_without_an_accelerator_is_refused_up_front():
     assert not prefetch_threads()
 
 
-def wait_for_no_prefetch_thread(seconds=2.0):
+def wait_for_no_prefetch_thread(seconds=30.0):
     deadline = time.monotonic() + seconds
     while prefetch_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -152,16 +173,16 @@ def test_close_from_another_thread_ends_a_waiting_consumer():
 
     prefetcher = ChunkPrefetcher(blocked_source, depth=1)
     got = []
-    consumer = threading.Thread(target=lambda: got.append(next(prefetcher, "ended")))
+    consumer = threading.Thread(target=lambda: got.append(next(prefetcher, "ended")), daemon=True)
     consumer.start()
-    time.sleep(0.05)  # the consumer now waits in next()
-    closer = threading.Thread(target=prefetcher.close)
+    wait_for(lambda: waits_to_get(prefetcher._queue), "the consumer waits in next()")
+    closer = threading.Thread(target=prefetcher.close, kwargs={"timeout": 30}, daemon=True)
     closer.start()
-    while not prefetcher._stop.is_set():
-        time.sleep(0.001)
+    wait_for(prefetcher._stop.is_set, "close() sets the stop")
     release.set()  # the worker returns, sees the stop and ends
-    closer.join(2.0)
-    consumer.join(2.0)
+    closer.join(30)
+    consumer.join(30)
+    assert not closer.is_alive()
     assert not consumer.is_alive() and got == ["ended"]
     assert not prefetch_threads()
 
@@ -191,11 +212,9 @@ def stream_buffer(replacement=True):
 
 
 def wait_until_full(prefetcher):
-    deadline = time.monotonic() + 5.0
-    while not prefetcher._queue.full() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.05)  # the worker has drawn one more chunk and waits to queue it
-    assert prefetcher._queue.full()
+    """The queue is full and the worker has drawn one more chunk and waits to queue it."""
+    queue = prefetcher._queue
+    wait_for(lambda: queue.full() and waits_to_put(queue), "the worker blocks on a full queue")
 
 
 @pytest.mark.parametrize("replacement", [True, False])
@@ -262,13 +281,15 @@ def test_a_dropped_prefetcher_takes_back_its_chunks():
 
 
 def test_close_returns_in_bounded_time_when_the_source_blocks():
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def stuck_source():  # e.g. a queue no longer fed
+        entered.set()
         release.wait()
         return TensorDict({"k": torch.tensor(0)}, [])
 
     prefetcher = ChunkPrefetcher(stuck_source, depth=1)
+    assert entered.wait(30), "the worker never called its source"
     start = time.monotonic()
     with pytest.warns(UserWarning, match=r"still inside a source call after 0.2 s"):
         prefetcher.close(timeout=0.2)
@@ -289,23 +310,27 @@ def test_a_cuda_device_without_cuda_is_named():
 def test_a_worker_left_in_its_source_at_close_draws_nothing_more():
     reference = stream_buffer()
     expected = [reference.sample()["obs"].tolist() for _ in range(5)]
-    rb, pause = stream_buffer(), [0.0]
+    rb, draws = stream_buffer(), []
+    inside, release = threading.Event(), threading.Event()
 
     def slow_source():
         chunk = rb.sample()
-        time.sleep(pause[0])
+        draws.append(len(draws))
+        if len(draws) == 4:  # chunk 3: the worker now stays inside its source after the draw
+            inside.set()
+            release.wait()
         return chunk
 
     prefetcher = ChunkPrefetcher(slow_source, depth=1)
     got = [next(prefetcher)["obs"].tolist()]
-    time.sleep(0.2)
-    pause[0] = 1.0  # the worker now sleeps inside its source after each draw
     got.append(next(prefetcher)["obs"].tolist())
-    time.sleep(0.1)
+    assert inside.wait(30), "the worker never drew chunk 3"
     with pytest.warns(UserWarning, match="still inside a source call"):
         prefetcher.close(timeout=0.1)
     got.append(rb.sample()["obs"].tolist())  # continues chunk 2 at once
-    time.sleep(1.5)  # the worker wakes up: it may not draw or rewind any more
+    release.set()  # the worker wakes up: it may not draw or rewind any more
+    assert wait_for_no_prefetch_thread(), "the worker did not end once its source returned"
+    assert draws == [0, 1, 2, 3]
     got += [rb.sample()["obs"].tolist() for _ in range(2)]
     assert got == expected
 
