@@ -8,6 +8,7 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import GymEnv, StepCounter, TransformedEnv
+from waiting import wait_for  # tests/waiting.py
 
 from torchrl_seqchunk import IngestThread, StreamChunkSampler, TagTrajectories
 
@@ -87,15 +88,6 @@ def buffer():
 
 def ingest_threads() -> int:
     return sum(thread.name == "IngestThread" for thread in threading.enumerate())
-
-
-def wait_for(condition, what, seconds=30.0):
-    """Polls ``condition()`` until it holds; fails, saying ``what`` never happened, after
-    ``seconds`` (a deadline far beyond any normal wait, so a loaded machine passes)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
-        time.sleep(0.005)
 
 
 def parked_or_ended(ingest) -> bool:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from waiting import wait_for  # tests/waiting.py
 
 from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
 
@@ -24,15 +25,6 @@ def counter(delay=0.0):
 
 def prefetch_threads():
     return [t for t in threading.enumerate() if t.name == "ChunkPrefetcher"]
-
-
-def wait_for(condition, what, seconds=30.0):
-    """Polls ``condition()`` until it holds; fails, saying ``what`` never happened, after
-    ``seconds`` (a deadline far beyond any normal wait, so a loaded machine passes)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
-        time.sleep(0.005)
 
 
 def waits_to_put(q):
@@ -341,10 +333,7 @@ def test_a_second_prefetcher_on_the_same_sampler_is_refused():
     second = None
     try:
         next(first)
-        deadline = time.monotonic() + 30
-        while not first._queue.full():  # the first now holds chunks it has not delivered
-            assert time.monotonic() < deadline, "the first prefetcher never ran ahead"
-            time.sleep(0.01)
+        wait_for(first._queue.full, "the first prefetcher holds chunks it has not delivered")
         second = ChunkPrefetcher(rb.sample)
         with pytest.raises(ValueError, match="second ChunkPrefetcher"):
             next(second)
