@@ -12,8 +12,10 @@ Reinforcement Learning", ICLR 2023) x modes x seeds, ``--frames`` env frames per
 Both see the same observations: every space encoded into one flat float vector by
 ``EncodeObservation`` (one-hots for the discrete parts). For every cell it reports the
 MMER, POPGym's metric: the maximum over the run of the mean episodic return (here the mean
-of the last 20 finished episodes, after every rollout), and the frames until that mean
-first reaches ``--threshold``. Writes under ``--out``: ``memory.csv`` (one row per rollout
+of the last 20 finished episodes), and the frames until that mean first reaches
+``--threshold``. Both are read at the frames where every run of the env reports (every
+1,024 frames with sb3-contrib's 8 x 128-step rollouts beside our 8 x 32), so that a side
+logging more often does not get more chances at a high maximum. Writes under ``--out``: ``memory.csv`` (one row per rollout
 of every run), ``memory_table.md`` (median MMER over seeds, and the range) and
 ``memory_curves.png`` (one panel per env: mean and range over seeds of each mode).
 
@@ -78,7 +80,9 @@ def run_cell(name: str, mode: str, seed: int, frames: int, num_envs: int) -> lis
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
 
 
-def cell_summary(rows: list[dict], threshold: float, cap: int) -> dict:
+def cell_summary(rows: list[dict], threshold: float, cap: int, frames: set[int]) -> dict:
+    """MMER and frames to ``threshold`` (``cap`` if never), read at the rollouts ending at ``frames``."""
+    rows = [r for r in rows if r["frames"] in frames]
     means = [r["return_mean"] for r in rows if not math.isnan(r["return_mean"])]
     reached = [r["frames"] for r in rows if r["return_mean"] >= threshold]
     return {"mmer": max(means, default=float("nan")), "frames_to_threshold": reached[0] if reached else cap}
@@ -152,9 +156,13 @@ def main() -> None:
             writer.writerows(dict(zip(key, cell), **r) for r in done[cell])
             f.flush()
     curves, cells = {}, {}
-    for name, mode, seed in grid:
-        curves.setdefault((name, mode), []).append(done[(name, mode, seed)])
-        cells.setdefault((name, mode), []).append(cell_summary(done[(name, mode, seed)], args.threshold, args.frames))
+    for name in envs:  # the frames at which every run of the env reports
+        common = set.intersection(*({r["frames"] for r in done[(name, mode, seed)]} for mode in modes for seed in seeds))
+        for mode in modes:
+            for seed in seeds:
+                rows = done[(name, mode, seed)]
+                curves.setdefault((name, mode), []).append(rows)
+                cells.setdefault((name, mode), []).append(cell_summary(rows, args.threshold, args.frames, common))
     ours = [m for m in modes if m != "sb3"]
     versus = "sb3" in modes and bool(ours)  # the goal: the best of our modes vs sb3-contrib
     lines = [f"MMER (median over seeds {args.seeds}, range) and frames to a mean return of "

@@ -31,8 +31,11 @@ def test_metrics_by_hand():
             {"frames": 128, "wall_s": 2.0, "return_mean": -0.5},
             {"frames": 192, "wall_s": 3.0, "return_mean": 0.25},
             {"frames": 256, "wall_s": 4.0, "return_mean": 0.1}]
-    assert bench_memory.cell_summary(rows, 0.0, cap=1000) == {"mmer": 0.25, "frames_to_threshold": 192}
-    assert bench_memory.cell_summary(rows, 0.5, cap=1000)["frames_to_threshold"] == 1000  # a miss is the cap
+    every = {64, 128, 192, 256}
+    assert bench_memory.cell_summary(rows, 0.0, 1000, every) == {"mmer": 0.25, "frames_to_threshold": 192}
+    assert bench_memory.cell_summary(rows, 0.5, 1000, every)["frames_to_threshold"] == 1000  # a miss is the cap
+    # read only where every run reports: the 0.25 at frame 192 is not among them
+    assert bench_memory.cell_summary(rows, 0.0, 1000, {128, 256}) == {"mmer": 0.1, "frames_to_threshold": 256}
     cartpole = [{"frames": 256, "wall_s": 1.0, "return_mean": 30.0}, {"frames": 512, "wall_s": 2.5, "return_mean": 451.0},
                 {"frames": 768, "wall_s": 4.0, "return_mean": 440.0}]
     assert bench_learning.summary(cartpole, cap=10_000) == {
@@ -55,6 +58,22 @@ def test_memory_suite_runs_every_env_and_mode(tmp_path):
     assert all(f"| {name} |" in table for name in bench_memory.SUITE)
     assert "| RepeatFirstEasy |" in out and "streams" in out
     assert (tmp_path / "modes" / "memory_curves.png").stat().st_size > 1000
+
+
+def test_memory_table_from_finished_runs_reads_every_side_at_common_frames(tmp_path):
+    # runs written by an earlier call: ours report every 256 frames, sb3 every 1,024; --resume runs nothing
+    (tmp_path / "memory.csv").write_text(
+        "env,mode,seed,frames,wall_s,return_mean\n"
+        + "".join(f"RepeatFirstEasy,reset_continue,{seed},{f},1.0,{v}\n"
+                  for seed, values in ((0, (-0.5, 0.3, -0.4, -0.2)), (1, (-0.5, -0.5, -0.5, -0.4)))
+                  for f, v in zip((256, 512, 768, 1024), values))
+        + "RepeatFirstEasy,sb3,0,1024,9.0,-0.25\nRepeatFirstEasy,sb3,1,1024,9.0,-0.45\n")
+    out = run_bench("bench_memory.py", "--envs", "RepeatFirstEasy", "--modes", "reset_continue,sb3", "--seeds",
+                    "0,1", "--frames", "1024", "--threshold", "-0.3", "--resume", "--out", str(tmp_path))
+    # at frame 1,024: ours -0.2 and -0.4 (median -0.3; the 0.3 at frame 512 is not read), sb3 -0.25 and -0.45
+    assert ("| RepeatFirstEasy | -0.300 (-0.400 to -0.200), 1,024 | -0.350 (-0.450 to -0.250), 1,024 | "
+            "reset_continue: +0.050 |") in out
+    assert "RATIO mmer_best_ours_minus_sb3_RepeatFirstEasy +0.050" in out
 
 
 def test_memory_suite_refuses_an_unknown_mode(tmp_path):
