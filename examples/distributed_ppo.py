@@ -330,14 +330,14 @@ def learner(rank: int, cfg: DistConfig) -> None:
 
 
 def main(cfg: DistConfig) -> None:
-    if cfg.engine == "ray" and not cfg.address:  # never under torchrun (parse_args)
+    if torchrun_world_size() is not None:
+        torchrun_learner(cfg)
+        return
+    if cfg.engine == "ray" and not cfg.address:
         # Read by the ranks when they import Ray: the switch that keeps a cluster on the loopback
         # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
         # and token authentication on every rank (~/.ray/auth_token, made by the first ray.init)
         os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token")
-    if torchrun_world_size() is not None:
-        torchrun_learner(cfg)
-        return
     run_dir(cfg)  # refuse to replace a finished run before starting anything
     store = loopback_store()  # serves the learners' rendezvous while they run
     mp.start_processes(spawned_learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
