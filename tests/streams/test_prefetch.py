@@ -1,4 +1,5 @@
 import gc
+import queue
 import threading
 import time
 import traceback
@@ -123,6 +124,31 @@ def test_close_joins_the_thread_while_the_queue_is_full():
     assert not prefetch_threads()
     with pytest.raises(StopIteration):
         next(prefetcher)
+
+
+def test_close_ends_the_iteration_when_the_workers_last_chunk_lands_during_close(monkeypatch):
+    """With ``depth=1``, the worker waits to queue its next chunk. ``close(timeout=0)`` makes
+    room in the queue, and the worker's put may then land at any point in ``close``. The
+    queue below lets it land at the worst moment for a close that empties the queue and then
+    adds its end marker: right after the queue was found empty. That close used to fail
+    with ``queue.Full``."""
+
+    class PutLandsWhenFoundEmpty(queue.Queue):
+        def get_nowait(self):
+            try:
+                return super().get_nowait()
+            except queue.Empty:
+                wait_for(lambda: self.qsize() > 0, "the worker's put landing")
+                raise
+
+    monkeypatch.setattr(queue, "Queue", PutLandsWhenFoundEmpty)
+    prefetcher = ChunkPrefetcher(counter(), depth=1)
+    wait_until_full(prefetcher)
+    with pytest.warns(UserWarning):  # no time given to join: the worker is still running
+        prefetcher.close(timeout=0)
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    assert wait_for_no_prefetch_thread()
 
 
 def test_bad_arguments():

@@ -230,12 +230,10 @@ class ChunkPrefetcher:
         _take_back(self._drawn)  # also when the worker ended first (source exhausted, error)
         self._drawn.clear()  # a worker ending later has nothing left to take back
         self._finished = True
-        try:  # the worker's last put may have landed
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        self._queue.put_nowait(_DONE)  # wakes a consumer waiting in another thread
+        with self._queue.mutex:  # one step, so a put still in flight cannot land in between
+            self._queue.queue.clear()  # nothing prepared is delivered any more
+            self._queue.queue.append(_DONE)  # wakes a consumer waiting in another thread
+            self._queue.not_empty.notify()
 
     def __enter__(self) -> ChunkPrefetcher:
         return self
