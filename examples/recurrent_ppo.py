@@ -192,6 +192,12 @@ class IndependentOneHotCategorical(torch.distributions.Independent):
     def __init__(self, logits: torch.Tensor):
         super().__init__(OneHotCategorical(logits=logits), 1)
 
+    @property
+    def deterministic_sample(self) -> torch.Tensor:
+        """The most likely one-hot of each categorical, ``[*, k, n]``: what TorchRL draws in
+        its deterministic interaction mode (as its own ``OneHotCategorical`` does)."""
+        return self.mode
+
 
 def make_agent(cfg: Config, env: TransformedEnv):
     """Actor and critic, each an MLP encoder -> ResetRNN(GRU) -> head."""

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +79,21 @@ def test_recurrent_ppo_on_another_task_has_no_cartpole_target(tmp_path):
                       "--rollout-len", "64", "--window", "64", "--stride", "64",
                       "--runs-dir", str(tmp_path), "--name", "pendulum")
     assert "frames_to_" not in out and "final_return" in out
+
+
+def test_recurrent_ppo_on_multi_discrete_actions_has_a_deterministic_action(tmp_path, monkeypatch):
+    # BattleshipEasy acts with MultiDiscrete([8, 8]): k = 2 one-hot categoricals. The
+    # collector queries the policy once in TorchRL's deterministic mode when it starts;
+    # tensordict warns if the distribution has no deterministic_sample.
+    monkeypatch.setenv("PYTHONWARNINGS", "error:deterministic_sample")
+    run_example("recurrent_ppo.py", "--env", "popgym:popgym-BattleshipEasy-v0", "--total-frames", "64",
+                "--num-envs", "2", "--keep", "all", "--runs-dir", str(tmp_path), "--name", "battleship")
+    sys.path.insert(0, str(ROOT / "examples"))
+    from recurrent_ppo import IndependentOneHotCategorical
+
+    logits = torch.tensor([[[2.0, 0.5, 1.0], [0.0, 0.0, 3.0]]])  # [1, k=2, n=3]
+    expected = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])  # the argmax of each row, by hand
+    assert torch.equal(IndependentOneHotCategorical(logits).deterministic_sample, expected)
 
 
 def test_recurrent_ppo_help_gives_every_default_and_refuses_a_mode_it_would_ignore():
