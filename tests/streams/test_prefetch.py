@@ -259,11 +259,10 @@ def test_state_saved_while_a_prefetcher_runs_resumes_after_the_last_delivered_ch
     with ChunkPrefetcher(rb.sample, depth=2) as chunks:
         assert (next(chunks)["obs"] == expected[0]).all()
         assert (next(chunks)["obs"] == expected[1]).all()
-        wait_until_full(chunks)
-        state = rb.state_dict()
-        sampler_state = rb.sampler.state_dict()
+        wait_until_full(chunks)  # the sampler itself stands 3 chunks ahead
+        state = {**rb.state_dict(), "_sampler": chunks.state_dict()}
         assert (next(chunks)["obs"] == expected[2]).all()
-    for saved in (state, {**state, "_sampler": sampler_state}):
+    for saved in (state, {**rb.state_dict(), "_sampler": state["_sampler"]}):
         resumed = stream_buffer()
         resumed.sampler._generator = torch.Generator().manual_seed(99)  # restored from state
         resumed.load_state_dict(saved)
@@ -339,14 +338,14 @@ def test_a_worker_left_in_its_source_at_close_draws_nothing_more():
             release.wait()
         return chunk
 
-    prefetcher = ChunkPrefetcher(slow_source, depth=1)
+    prefetcher = ChunkPrefetcher(slow_source, depth=1, sampler=rb.sampler)
     got = [next(prefetcher)["obs"].tolist()]
     got.append(next(prefetcher)["obs"].tolist())
     assert inside.wait(30), "the worker never drew chunk 3"
     with pytest.warns(UserWarning, match="still inside a source call"):
         prefetcher.close(timeout=0.1)
     got.append(rb.sample()["obs"].tolist())  # continues chunk 2 at once
-    release.set()  # the worker wakes up: it may not draw or rewind any more
+    release.set()  # the worker wakes up: it calls its source no more
     assert wait_for_no_prefetch_thread(), "the worker did not end once its source returned"
     assert draws == [0, 1, 2, 3]
     got += [rb.sample()["obs"].tolist() for _ in range(2)]
@@ -356,14 +355,13 @@ def test_a_worker_left_in_its_source_at_close_draws_nothing_more():
 def test_a_second_prefetcher_on_the_same_sampler_is_refused():
     rb = stream_buffer()
     first = ChunkPrefetcher(rb.sample, depth=2)
-    second = None
     try:
         next(first)
-        wait_for(first._queue.full, "the first prefetcher holds chunks it has not delivered")
-        second = ChunkPrefetcher(rb.sample)
+        with pytest.raises(ValueError, match="second ChunkPrefetcher draws from this StreamChunkSampler"):
+            ChunkPrefetcher(rb.sample)
         with pytest.raises(ValueError, match="second ChunkPrefetcher"):
-            next(second)
+            ChunkPrefetcher(lambda: rb.sample(), sampler=rb.sampler)
     finally:
         first.close()
-        if second is not None:
-            second.close()
+    with ChunkPrefetcher(rb, depth=1) as second:  # the first is closed: allowed
+        next(second)

@@ -1,18 +1,8 @@
-"""Which episodes a storage holds: write stamps, the drawable-episode index and the tracker.
+"""The episode index of :class:`~torchrl_seqchunk.StreamChunkSampler`: which episodes the storage holds.
 
-Small pieces do the bookkeeping for :class:`~torchrl_seqchunk.StreamChunkSampler`,
-none of them scanning the whole storage:
-
-- :class:`_WriteLog`: a write stamp per storage slot (how many steps had been written
-  before it), fed by the replay buffer's ``extend``/``add`` calls; it keeps the slots
-  written since the last sample, in write order, and tells which slots were rewritten
-  after a given moment.
-- :class:`_Episodes`: the drawable episodes; add and remove in O(1), draw one in
-  proportion to its length by a binary search over cumulative lengths.
-- :class:`_EpisodeTracker`: reads the end flags of newly written steps only, grows the
-  episodes being written (one per trajectory id when the writes interleave several envs),
-  files each in :class:`_Episodes` when it ends and removes episodes whose steps were
-  overwritten.
+- :class:`_Episodes`: the drawable episodes; add and remove in O(1), draw in proportion to length.
+- :class:`_EpisodeTracker`: reads the end flags of new steps only, grows the episodes being
+  written and files each when it ends; drops episodes whose steps were overwritten.
 """
 from __future__ import annotations
 
@@ -20,99 +10,11 @@ import warnings
 
 import torch
 from tensordict import TensorDictBase
+from torchrl.data.replay_buffers.storages import TensorStorage
 
-_UNSET = torch.iinfo(torch.long).min
+from .writes import _as_long
+
 _COLLECTOR_TRAJ_KEY = ("collector", "traj_ids")  # written by TorchRL collectors
-
-
-def _as_long(values) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long)
-
-
-class _WriteLog:
-    """Write stamp of every storage slot: the number of steps written before it.
-
-    Stamps grow with every write, so a slot whose stamp is ``>= t`` was rewritten after
-    the moment the clock read ``t``. ``pending`` keeps the writes not yet read by the
-    tracker. Slots filled before any write was recorded (a storage handed to the sampler
-    already filled) count as written before everything else, in the storage's time order.
-    """
-
-    def __init__(self):
-        self.stamps = torch.full((0,), _UNSET, dtype=torch.long)
-        self.clock = 0  # stamp of the next written step
-        self.origin = 0  # stamp of the oldest step ever written
-        self.pending = []  # (slots, stamps) of writes not yet taken, in write order
-        self.known = 0  # number of slots holding a stamp
-        self.last_slot = None  # slot of the last recorded step (None: none since built)
-
-    def record(self, index: torch.Tensor) -> None:
-        index = index.reshape(-1).to("cpu", torch.long)
-        skipped = index < 0  # rows a writer did not store (TensorDictMaxValueWriter: -1)
-        if skipped.any():
-            warnings.warn(
-                f"the writer stored only {int((~skipped).sum())} of {index.numel()} written rows "
-                "(index -1 for the others, e.g. TensorDictMaxValueWriter): the sampler reads "
-                "the stored steps as consecutive, so an episode that lost a step is drawn "
-                "without it. Use a writer that stores every step (RoundRobinWriter) for streams.",
-                stacklevel=2,
-            )
-            index = index[~skipped]
-        if not index.numel():  # an empty write
-            return
-        self._grow(int(index.max()) + 1)
-        self.known += int((self.stamps[index.unique()] == _UNSET).sum())
-        stamps = self.clock + torch.arange(index.numel())
-        self.stamps[index] = stamps
-        self.pending.append((index, stamps))
-        self.clock += index.numel()
-        self.last_slot = int(index[-1])
-
-    def _grow(self, size: int) -> None:
-        if self.stamps.numel() < size:
-            grown = torch.full((size,), _UNSET, dtype=torch.long)
-            grown[: self.stamps.numel()] = self.stamps
-            self.stamps = grown
-
-    def put_back(self, slots: torch.Tensor, stamps: torch.Tensor) -> None:
-        """Returns what :meth:`take_pending` gave to the pending writes (a read that failed)."""
-        self.pending.insert(0, (slots, stamps))
-
-    def take_pending(self, size: int, newest: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots ``[0, size)`` written since the last call, in write order, with their stamps.
-
-        Slots filled without a recorded write count as written before everything else, in
-        ring order after ``newest`` (the slot a wrapped storage wrote last), else slot order.
-        """
-        self._grow(size)
-        unknown = []
-        if self.known < size:  # slots filled without a recorded write: older than every write
-            unknown = (self.stamps[:size] == _UNSET).nonzero().squeeze(-1)
-            if newest is not None:
-                unknown = unknown[((unknown - newest - 1) % size).argsort()]
-        if len(unknown):
-            self.known += unknown.numel()
-            self.origin -= unknown.numel()
-            stamps = self.origin + torch.arange(unknown.numel())
-            self.stamps[unknown] = stamps
-            self.pending.insert(0, (unknown, stamps))
-        if not self.pending:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-        slots, stamps = (torch.cat(parts) for parts in zip(*self.pending))
-        self.pending = []
-        return slots, stamps
-
-    def state(self) -> dict:
-        slots, stamps = self.take_pending(0)  # merged into one entry, kept pending
-        self.pending = [(slots, stamps)] if slots.numel() else []
-        return {"stamps": self.stamps.clone(), "clock": self.clock, "origin": self.origin,
-                "known": self.known, "pending_slots": slots, "pending_stamps": stamps}
-
-    def load(self, state: dict) -> None:
-        self.stamps, self.clock = state["stamps"].clone(), state["clock"]
-        self.origin, self.known = state["origin"], state["known"]
-        slots = state["pending_slots"]
-        self.pending = [(slots.clone(), state["pending_stamps"].clone())] if slots.numel() else []
 
 
 class _Episodes:
@@ -164,13 +66,37 @@ class _Episodes:
 
 
 class _Open:
-    """An episode still being written: id, slots so far (in parts; none kept once it is not
-    whole, as it can no longer be drawn), whether whole, and how many slots it still owns."""
+    """An episode still being written: its id, its stored steps in time order (in parts),
+    whether it lost no step (``whole``: it may be filed when it ends) and whether it lost a
+    step between stored ones (``broken``: never drawn, no slot list kept), and how many
+    slots it still owns. Losing its oldest steps to a ring wrap leaves the rest drawable
+    (a continuing task's stream goes on with ``only_complete=False``)."""
 
-    __slots__ = ("id", "parts", "whole", "stored")
+    __slots__ = ("id", "parts", "whole", "broken", "stored")
 
-    def __init__(self, episode, parts, whole, stored=0):
-        self.id, self.parts, self.whole, self.stored = episode, parts, whole, stored
+    def __init__(self, episode, parts, whole, broken=False, stored=0):
+        self.id, self.parts, self.whole, self.broken = episode, parts, whole, broken
+        self.stored = stored
+
+    def lose(self, slots: torch.Tensor, count: int) -> None:
+        """``count`` of its slots, among ``slots``, are being rewritten."""
+        self.whole, self.stored = False, self.stored - count
+        held = torch.cat(self.parts) if self.parts else _as_long([])
+        lost = torch.isin(held, slots)
+        kept = int(lost.logical_not().nonzero()[0]) if not lost.all() else held.numel()
+        if self.broken or lost[kept:].any():  # not its oldest steps: a gap
+            self.broken, self.parts = True, []
+        else:
+            self.parts = [held[kept:]] if kept < held.numel() else []
+
+    def extend(self, slots: torch.Tensor, lost_before: bool) -> None:
+        if lost_before:
+            self.whole, self.broken = False, True
+        if self.broken:
+            self.parts = []
+        else:
+            self.parts.append(slots)
+        self.stored += slots.numel()
 
 
 class _EpisodeTracker:
@@ -184,10 +110,9 @@ class _EpisodeTracker:
     never ends, e.g. cut by a collector reset), so the bookkeeping never outgrows the storage.
 
     With end flags alone there is one open episode. With trajectory ids and end flags an
-    episode ends at its end flag only: a collector's flattened ``[num_envs, T]`` batch
-    interleaves the envs' trajectories, so steps are filed under their trajectory id and a
-    trajectory cut by the batch end continues with its steps in the next batch. With
-    trajectory ids alone an episode ends where the id changes.
+    episode ends at its end flag only (steps are filed under their trajectory id, so the
+    envs of a flattened collector batch stay apart). With trajectory ids alone an episode
+    ends where the id changes.
     """
 
     def __init__(self, end_key, traj_key, only_complete):
@@ -204,7 +129,44 @@ class _EpisodeTracker:
     def _open_drawable(self) -> list[_Open]:
         if self.only_complete:
             return []
-        return [entry for entry in self.open.values() if entry.whole and entry.parts]
+        return [entry for entry in self.open.values() if entry.parts]
+
+    def end_rule(self, storage) -> str:
+        """How episodes end here, said as the condition that never held."""
+        if self.traj_key is None or (
+            len(storage) and storage[:].get(self.end_key, default=None) is not None
+        ):
+            return f"{self.end_key!r} is never True at the end of a whole episode"
+        return (
+            f"{self.traj_key!r} never changes after a whole episode (no {self.end_key!r} is "
+            "stored, so an episode ends where the trajectory id changes)"
+        )
+
+    @staticmethod
+    def steps_of(storage) -> TensorDictBase:
+        """The storage's steps as one TensorDict ``[N]``; raises for anything else."""
+        data = storage[:]
+        if not isinstance(data, TensorDictBase):
+            fix = (
+                "extend the buffer with TensorDicts of steps, e.g. "
+                "rb.extend(TensorDict({'observation': obs, ('next', 'done'): done}, [N]))"
+                if isinstance(storage, TensorStorage)
+                else f"a {type(storage).__name__} keeps every written item apart; build the "
+                "buffer with LazyTensorStorage(capacity) or LazyMemmapStorage(capacity), "
+                "which stack the steps"
+            )
+            raise TypeError(
+                f"StreamChunkSampler reads its storage as one TensorDict of steps [N], but "
+                f"{type(storage).__name__}[:] gives a {type(data).__name__}: {fix}."
+            )
+        if data.batch_dims != 1:
+            raise ValueError(
+                f"StreamChunkSampler needs one step per storage slot, got entries of batch "
+                f"shape {list(data.shape[1:])}; write collector batches [num_envs, T] flat, "
+                "rb.extend(batch.reshape(-1)), with traj_key=('collector', 'traj_ids') so that "
+                "the envs' episodes stay apart."
+            )
+        return data
 
     def update(self, data: TensorDictBase, slots, stamps, alive, after_loss=False) -> None:
         """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
@@ -212,14 +174,28 @@ class _EpisodeTracker:
         the step written just before ``slots[0]`` is lost too (a ring that wrapped before
         the sampler saw it). The data is checked before anything changes, so after an
         error the tracker is as it was."""
-        # keep the stored steps; an episode with lost steps before one of them is not whole
+        ends, traj, lost_before, stitch = self._read_steps(data, slots, alive, after_loss)
+        self._warn_lost(int((~alive).sum()), after_loss, stitch)
+        if self.owner.numel() < data.shape[0]:
+            grown = torch.full((data.shape[0],), -1, dtype=torch.long)
+            grown[: self.owner.numel()] = self.owner
+            self.owner = grown
+        losing = self._forget_overwritten(slots)
+        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch)
+        for key, entry in losing:  # none of its steps left: forget it
+            if entry.stored == 0 and self.open.get(key) is entry:
+                del self.open[key]
+
+    def _read_steps(self, data, slots, alive, after_loss):
+        """End flags ``[n]`` and trajectory ids ``[n, k]`` (or None) of the stored new steps,
+        and whether a step before each was lost; raises on data that does not fit."""
         lost_just_before = torch.cat([torch.tensor([after_loss]), ~alive[:-1]])
         lost_before = lost_just_before[alive]
-        ends = self._read(data, self.end_key, slots[alive], required=self.traj_key is None)
+        slots = slots[alive]
+        ends = self._read(data, self.end_key, slots, required=self.traj_key is None)
         stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
         if stitch:  # a lost step may be any trajectory's: none written after it is whole
             lost_before = lost_just_before.cumsum(0)[alive] > 0
-        written, slots, stamps = slots, slots[alive], stamps[alive]
         if ends is None:
             ends = torch.zeros(slots.numel(), dtype=torch.bool)
         elif ends.dtype != torch.bool:
@@ -237,44 +213,50 @@ class _EpisodeTracker:
         ends = ends.reshape(-1)  # last step of an episode
         if self.traj_key is None:
             self._check_not_interleaved(data, slots, ends, lost_before)
-            traj = None
-        else:
-            traj = self._read(data, self.traj_key, slots, required=True)
-            traj = traj.reshape(slots.numel(), -1)
-        overwritten = int((~alive).sum())
-        if overwritten or after_loss:
-            unknown = (  # with end flags alone, the end flag of the last lost step is gone
-                "their trajectories are unknown, so every episode written after them in that "
-                "stretch is dropped" if stitch else "whether the first step stored after them "
-                "starts an episode is unknown, so the episode holding it is dropped even if "
-                "it is whole"
-            )
-            what, fix = (
-                (f"{overwritten} step(s) were overwritten before any sample read them (more "
-                 "than the storage capacity written between two samples)",
-                 "Sample more often or raise the capacity")
-                if overwritten else
-                ("the storage's ring wrapped before the sampler first saw it, so the steps "
-                 "written before its oldest one were overwritten unread",
-                 "Build the buffer with this sampler before writing, or write no more than "
-                 "the capacity before its first sample")
-            )
-            warnings.warn(f"{what}; {unknown}. {fix}.", stacklevel=2)
-        if self.owner.numel() < data.shape[0]:
-            grown = torch.full((data.shape[0],), -1, dtype=torch.long)
-            grown[: self.owner.numel()] = self.owner
-            self.owner = grown
+            return ends, None, lost_before, stitch
+        traj = self._read(data, self.traj_key, slots, required=True)
+        return ends, traj.reshape(slots.numel(), -1), lost_before, stitch
+
+    @staticmethod
+    def _warn_lost(overwritten: int, after_loss: bool, stitch: bool) -> None:
+        if not (overwritten or after_loss):
+            return
+        unknown = (  # with end flags alone, the end flag of the last lost step is gone
+            "their trajectories are unknown, so every episode written after them in that "
+            "stretch is dropped" if stitch else "whether the first step stored after them "
+            "starts an episode is unknown, so the episode holding it is dropped even if it "
+            "is whole"
+        )
+        what, fix = (
+            (f"{overwritten} step(s) were overwritten before any sample read them (more "
+             "than the storage capacity written between two samples)",
+             "Sample more often or raise the capacity")
+            if overwritten else
+            ("the storage's ring wrapped before the sampler first saw it, so the steps "
+             "written before its oldest one were overwritten unread",
+             "Build the buffer with this sampler before writing, or write no more than "
+             "the capacity before its first sample")
+        )
+        warnings.warn(f"{what}; {unknown}. {fix}.", stacklevel=3)
+
+    def _forget_overwritten(self, written: torch.Tensor) -> list:
+        """Removes filed episodes that lose slots to this write; open ones lose those
+        steps. Returns the open ``(key, entry)`` pairs that lost steps."""
         open_by_id = {entry.id: (key, entry) for key, entry in self.open.items()}
-        losing = []  # open (key, entry) losing steps
-        previous, lost = self.owner[written.unique()].unique(return_counts=True)
-        for episode, count in zip(previous.tolist(), lost.tolist()):  # episodes losing steps
+        written = written.unique()
+        losing = []
+        previous, lost = self.owner[written].unique(return_counts=True)
+        for episode, count in zip(previous.tolist(), lost.tolist()):
             if episode in open_by_id:
                 key, entry = open_by_id[episode]
-                entry.whole, entry.parts = False, []
-                entry.stored -= count
+                entry.lose(written, count)
                 losing.append((key, entry))
             elif episode in self.episodes:
                 self.episodes.remove(episode)
+        return losing
+
+    def _file_runs(self, slots, stamps, ends, traj, lost_before, stitch) -> None:
+        """Cuts the new steps into runs of one episode each and extends or closes them."""
         cut_after = ends.clone()  # cut_after: last step of a run of one episode
         if traj is not None:
             cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
@@ -288,13 +270,12 @@ class _EpisodeTracker:
             if start == stop:
                 continue
             key = None if traj is None else tuple(traj[start].tolist())
-            self._extend(key, slots[start:stop], lost_before[start:stop], int(stamps[start]))
+            entry = self.open.setdefault(key, _Open(int(stamps[start]), [], True))
+            entry.extend(slots[start:stop], bool(lost_before[start:stop].any()))
+            self.owner[slots[start:stop]] = entry.id
             if ends[stop - 1]:
                 self._close(key)
             start = stop
-        for key, entry in losing:  # none of its steps left: forget it
-            if entry.stored == 0 and self.open.get(key) is entry:
-                del self.open[key]
 
     def _check_not_interleaved(self, data, slots, ends, lost_before) -> None:
         """Refuses collector trajectory ids that change inside what ``end_key`` calls one
@@ -327,16 +308,6 @@ class _EpisodeTracker:
                 "the episode-end flag or trajectory id the data holds."
             )
         return None if value is None else value[slots.to(value.device)].cpu()
-
-    def _extend(self, key, slots, lost_before, first_stamp) -> None:
-        entry = self.open.setdefault(key, _Open(first_stamp, [], True))
-        entry.whole &= not bool(lost_before.any())
-        if entry.whole:
-            entry.parts.append(slots)
-        else:  # never drawn now: keep no slot list
-            entry.parts = []
-        entry.stored += slots.numel()
-        self.owner[slots] = entry.id
 
     def _close(self, key) -> None:
         entry = self.open.pop(key, None)
@@ -374,6 +345,7 @@ class _EpisodeTracker:
             "open_lengths": _as_long([s.numel() for s in opened]),
             "open_slots": torch.cat(opened or [_as_long([])]),
             "open_whole": [e.whole for e in self.open.values()],
+            "open_broken": [e.broken for e in self.open.values()],
             "last_traj": self.last_traj,
             "owner": self.owner.clone(),  # a running episode may list slots rewritten since
         }
@@ -385,10 +357,11 @@ class _EpisodeTracker:
             self.episodes.add(episode, episode_slots.clone())
         open_slots = state["open_slots"].split(state["open_lengths"].tolist())
         ids, whole = state["open_ids"].tolist(), state["open_whole"]
+        broken = state.get("open_broken", [not w for w in whole])
         owners, owned = self.owner.unique(return_counts=True)
         stored = dict(zip(owners.tolist(), owned.tolist()))
-        fields = zip(state["open_keys"], ids, open_slots, whole)
-        for key, episode, episode_slots, is_whole in fields:
-            parts = [episode_slots.clone()] if episode_slots.numel() and is_whole else []
-            self.open[key] = _Open(episode, parts, is_whole, stored.get(episode, 0))
+        fields = zip(state["open_keys"], ids, open_slots, whole, broken)
+        for key, episode, episode_slots, is_whole, is_broken in fields:
+            parts = [episode_slots.clone()] if episode_slots.numel() and not is_broken else []
+            self.open[key] = _Open(episode, parts, is_whole, is_broken, stored.get(episode, 0))
         self.last_traj = state["last_traj"]

@@ -1,4 +1,4 @@
-"""Background preparation of chunks, strictly in order."""
+"""Background preparation of chunks, strictly in order, each with the sampler's state after it."""
 from __future__ import annotations
 
 import inspect
@@ -6,15 +6,22 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
+from torchrl.data import ReplayBuffer
 
-from .sampler import _prefetching
+from .._checks import check_int
+from .sampler import StreamChunkSampler
 
 __all__ = ["ChunkPrefetcher"]
 
 _DONE = object()  # the source is exhausted
+
+# sampler -> stop event of the prefetcher drawing from it: one prefetcher per sampler. The
+# registry belongs to this module; the sampler knows nothing of it.
+_drawing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Failure:
@@ -22,12 +29,35 @@ class _Failure:
         self.error = error
 
 
-def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device, drawn) -> None:
-    """The worker loop. It holds no reference to its :class:`ChunkPrefetcher`, so a
-    prefetcher dropped without :meth:`~ChunkPrefetcher.close` is collected and stops it.
-    Each chunk travels with the list of the samplers that drew it; ``drawn`` collects
-    them all, to take back what was never delivered when the prefetcher is closed or
-    dropped."""
+class _Delivered:
+    """The sampler's stream state after the last chunk delivered, put back once on close."""
+
+    def __init__(self, sampler: StreamChunkSampler | None):
+        self.sampler, self.lock = sampler, threading.Lock()
+        self.state = None if sampler is None else sampler.stream_state()
+
+    def put_back(self) -> None:
+        with self.lock:
+            if self.sampler is not None:
+                self.sampler.load_stream_state(self.state)
+                self.sampler = None  # once: a worker ending later changes nothing
+
+
+def _sampler_of(source) -> StreamChunkSampler | None:
+    """The :class:`StreamChunkSampler` of a replay buffer ``source``: ``rb``, ``rb.sample``,
+    or an object with a ``buffer`` (such as :class:`~torchrl_seqchunk.EvenEpochs`)."""
+    for candidate in (source, getattr(source, "__self__", None), getattr(source, "buffer", None)):
+        if isinstance(candidate, ReplayBuffer):
+            sampler = candidate.sampler
+            return sampler if isinstance(sampler, StreamChunkSampler) else None
+    return None
+
+
+def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, device,
+          sampler, delivered: _Delivered) -> None:
+    """The worker loop: queues ``(chunk, the sampler's stream state after it)``. It holds no
+    reference to its :class:`ChunkPrefetcher`, so a prefetcher dropped without
+    :meth:`~ChunkPrefetcher.close` is collected and stops it."""
 
     def put(item) -> None:
         while not stop.is_set():
@@ -37,64 +67,51 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
             except queue.Full:
                 continue
 
-    _prefetching.stop = stop  # a sampler refuses draws once the prefetcher is closed
     try:
         while not stop.is_set():
-            samplers = _prefetching.samplers = []
             try:
                 chunk = next_chunk()
             except StopIteration:
                 put(_DONE)
                 return
-            finally:
-                _prefetching.samplers = None
-                drawn.update((id(sampler), sampler) for sampler in samplers)
+            state = None if sampler is None else sampler.stream_state()
             if pin_memory:
                 chunk = chunk.pin_memory()
             if device is not None:
                 chunk = chunk.to(device, non_blocking=True)
-            put((chunk, samplers))
+            put((chunk, state))
     except BaseException as error:  # handed to the consumer
         put(_Failure(error))
     finally:
         if stop.is_set():  # closed or dropped: nothing queued will be delivered
-            _take_back(drawn)
-
-
-def _take_back(drawn: dict) -> None:
-    for sampler in drawn.values():
-        sampler._rewind()
+            delivered.put_back()
 
 
 class ChunkPrefetcher:
     """Prepares chunks in one background thread and hands them over in order.
 
     One worker thread pulls chunks from ``source`` (a zero-argument callable such as
-    ``rb.sample``, or an iterable such as a replay buffer), optionally pins them and
-    copies them to ``device``, and puts them in a queue of at most ``depth`` chunks. A
-    single worker keeps the order: chunk ``k`` is always delivered before chunk ``k + 1``,
-    whatever ``depth``, which a stateful sampler such as
-    :class:`~torchrl_seqchunk.StreamChunkSampler` needs (a replay buffer's
-    ``prefetch > 1`` runs samples in several threads and may reorder them).
+    ``rb.sample``, or an iterable such as a replay buffer), optionally pins them and copies
+    them to ``device``, and queues at most ``depth`` of them, each with the
+    :class:`~torchrl_seqchunk.StreamChunkSampler`'s :meth:`~StreamChunkSampler.stream_state`
+    after it (as DreamerV3's prefetching stream does). One worker keeps the order, which a
+    stateful sampler needs (a buffer's ``prefetch > 1`` may reorder samples).
 
-    Iterating yields the chunks (TensorDicts, or whatever ``source`` returns; ``.to`` and
-    ``.pin_memory`` are used when a device is given). The iteration ends when an iterable
-    source is exhausted; a callable source never ends. An exception raised in the worker
-    is re-raised, with the worker's traceback, by the next ``next()`` in the consumer.
-    :meth:`close` (also on leaving a ``with`` block) stops and joins the thread and ends
-    the iteration, also for a consumer waiting in another thread, within a bounded time
-    (a source call that blocks is left behind with a warning); a prefetcher dropped
-    without it stops its thread when garbage-collected.
+    :meth:`close` (also on leaving a ``with`` block, or when a dropped prefetcher is
+    collected) stops the worker and puts the sampler back at the state of the last
+    delivered chunk (through :meth:`~StreamChunkSampler.load_stream_state`, which drops
+    the steps overwritten since): the next consumer gets the undelivered chunks first.
+    :meth:`state_dict` is the sampler's state as of that chunk, for checkpoints taken
+    while prefetching. An exception raised in the worker is re-raised by the next
+    ``next()``; an iterable source ends the iteration when exhausted.
 
-    The worker runs up to ``depth + 1`` chunks ahead of the consumer. A
-    :class:`~torchrl_seqchunk.StreamChunkSampler` that drew chunks for it (through
-    ``rb.sample``, ``rb`` or any callable calling them in the worker thread) keeps its
-    stream state from before each chunk not yet delivered: :meth:`close` puts the sampler
-    back where it stood after the last delivered chunk, so the next consumer (another
-    prefetcher or a plain ``rb.sample()``) gets the undelivered chunks first and every
-    stream continues the last chunk consumed (steps overwritten meanwhile are dropped as
-    usual); its ``state_dict`` saved while the prefetcher runs is that state too. Chunks of
-    other sources that were prepared but not delivered are dropped on close.
+    .. note:: One prefetcher per sampler: the sampler of a second one is refused until
+        the first is closed (the registry lives in this module; the sampler knows nothing
+        of prefetchers).
+
+    .. note:: A source call that blocks past :meth:`close`'s ``timeout`` is left behind
+        with a warning; a chunk it still draws from the sampler afterwards is lost to the
+        streams.
 
     Args:
         source (callable or iterable): where chunks come from.
@@ -105,12 +122,18 @@ class ChunkPrefetcher:
             ``non_blocking=True``. Defaults to ``None`` (left where they are).
         pin_memory (bool, optional): pin chunks in page-locked memory before the copy.
             Defaults to ``None``: pin when ``device`` is a CUDA device.
+        sampler (StreamChunkSampler, optional): the sampler whose state travels with the
+            chunks. Defaults to the sampler of a replay buffer ``source`` (``rb``,
+            ``rb.sample``, or an object with a ``buffer`` such as
+            :class:`~torchrl_seqchunk.EvenEpochs`); pass it for other callables drawing
+            from one. Without one, undelivered chunks are dropped on close.
 
     Raises:
-        TypeError: ``source`` is neither callable nor iterable, or is a generator
-            function (pass the generator it returns); ``depth`` not an int.
+        TypeError: ``source`` neither callable nor iterable, or a generator function
+            (pass the generator it returns); ``depth`` not an int; ``sampler`` not a
+            :class:`~torchrl_seqchunk.StreamChunkSampler`.
         ValueError: ``depth`` < 1; a CUDA ``device`` without CUDA; ``pin_memory=True``
-            without an accelerator.
+            without an accelerator; a sampler another open prefetcher draws from.
 
     Examples:
         >>> import torch
@@ -137,6 +160,7 @@ class ChunkPrefetcher:
         depth: int = 2,
         device: torch.device | str | None = None,
         pin_memory: bool | None = None,
+        sampler: StreamChunkSampler | None = None,
     ):
         if inspect.isgeneratorfunction(source):
             raise TypeError(
@@ -153,10 +177,12 @@ class ChunkPrefetcher:
                 f"source must be a callable (e.g. rb.sample) or an iterable, got "
                 f"{type(source).__name__}."
             )
-        if isinstance(depth, bool) or not isinstance(depth, int):
-            raise TypeError(f"depth must be an int >= 1, got {depth!r}.")
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}; pass depth=2 for double buffering.")
+        depth = check_int("depth", depth, low=1)
+        if sampler is not None and not isinstance(sampler, StreamChunkSampler):
+            raise TypeError(
+                f"sampler must be a StreamChunkSampler or None, got {type(sampler).__name__}."
+            )
+        sampler = _sampler_of(source) if sampler is None else sampler
         self.device = None if device is None else torch.device(device)
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
@@ -174,10 +200,22 @@ class ChunkPrefetcher:
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._finished = False
-        self._drawn = {}  # id -> every StreamChunkSampler that drew a chunk for the worker
+        self.sampler = sampler
+        if sampler is not None:
+            other = _drawing.get(sampler)
+            if other is not None and not other.is_set():
+                raise ValueError(
+                    "a second ChunkPrefetcher draws from this StreamChunkSampler while another "
+                    "is open; the two would share the streams out of order. Use one "
+                    "prefetcher per sampler (close the first before starting another), or one "
+                    "buffer and sampler per consumer."
+                )
+            _drawing[sampler] = self._stop
+        self._delivered = _Delivered(sampler)
         self._thread = threading.Thread(
             target=_work,
-            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device, self._drawn),
+            args=(next_chunk, self._queue, self._stop, self.pin_memory, self.device, sampler,
+                  self._delivered),
             name="ChunkPrefetcher",
             daemon=True,
         )
@@ -196,20 +234,36 @@ class ChunkPrefetcher:
             if isinstance(item, _Failure):
                 raise item.error
             raise StopIteration
-        chunk, samplers = item
-        for sampler in samplers:
-            sampler._delivered()
+        chunk, self._delivered.state = item
         return chunk
 
+    def state_dict(self) -> dict:
+        """The sampler's :meth:`~StreamChunkSampler.state_dict` as of the last delivered
+        chunk (its ``"streams"`` from then, writes and episodes as now): a run loading it
+        continues after the last chunk consumed.
+
+        Raises:
+            ValueError: no :class:`~torchrl_seqchunk.StreamChunkSampler` travels with
+                the chunks (pass ``sampler=``).
+        """
+        if self.sampler is None:
+            raise ValueError(
+                "this ChunkPrefetcher carries no StreamChunkSampler state; build it with "
+                "sampler=rb.sampler (or source=rb.sample) to checkpoint while prefetching."
+            )
+        state = self.sampler.state_dict()
+        state["streams"] = self._delivered.state
+        return state
+
     def close(self, timeout: float = 5.0) -> None:
-        """Stops the worker and joins it; the samplers that drew chunks still queued take
-        them back (see the class docstring), other sources' are dropped.
+        """Stops the worker, joins it and puts the sampler back at the state of the last
+        delivered chunk (see the class docstring); other sources' queued chunks are dropped.
 
         Args:
             timeout (float): seconds to wait for a worker stuck in a source call (one
                 that blocks, e.g. on a queue no longer fed). Past it, ``close`` returns
                 with a warning and leaves the daemon thread to end when that call
-                returns (its sampler's chunks are then taken back). Defaults to ``5.0``.
+                returns. Defaults to ``5.0``.
         """
         self._stop.set()
         deadline = time.monotonic() + timeout
@@ -222,13 +276,12 @@ class ChunkPrefetcher:
             warnings.warn(
                 f"ChunkPrefetcher.close: the worker is still inside a source call after "
                 f"{timeout} s (the source blocks); it is left running as a daemon thread and "
-                "ends when that call returns, dropping its chunk (a StreamChunkSampler took "
-                "its chunks back now and refuses that worker's further draws). Unblock the "
-                "source, or pass a longer timeout.",
+                "ends when that call returns, dropping its chunk (the sampler was put back at "
+                "the last delivered chunk now; a chunk that call still draws from it is lost "
+                "to the streams). Unblock the source, or pass a longer timeout.",
                 stacklevel=2,
             )
-        _take_back(self._drawn)  # also when the worker ended first (source exhausted, error)
-        self._drawn.clear()  # a worker ending later has nothing left to take back
+        self._delivered.put_back()  # also when the worker ended first (exhausted, error)
         self._finished = True
         with self._queue.mutex:  # one step, so a put still in flight cannot land in between
             self._queue.queue.clear()  # nothing prepared is delivered any more

@@ -1,9 +1,17 @@
-"""Stream queues of :class:`~torchrl_seqchunk.StreamChunkSampler`: segments of episodes, O(1) push and take."""
+"""The stream queues of :class:`~torchrl_seqchunk.StreamChunkSampler`: segments of episodes, O(1) push and take."""
 from __future__ import annotations
 
 import collections
+import heapq
 
 import torch
+
+from .writes import _as_long
+
+_STATE_KEYS = (
+    "segment_stream", "segment_length", "segment_episode", "segment_offset",
+    "segment_queued_at", "segment_slots", "ran_out", "remaining_batches",
+)
 
 
 class _Segment:
@@ -44,14 +52,128 @@ class _Stream:
             n -= k
         return pieces
 
-    def drop_stale(self, stamps: torch.Tensor) -> None:
+    def drop_stale(self, log) -> None:
         """Cuts every segment at its first step rewritten since it was queued."""
         kept = collections.deque()
         for seg in self.segments:
-            stale = (stamps[seg.slots] >= seg.queued_at).nonzero()
+            stale = log.rewritten_since(seg.slots, seg.queued_at).nonzero()
             if stale.numel():
                 seg.slots = seg.slots[: int(stale[0])]
             if seg.slots.numel():
                 kept.append(seg)
         self.segments = kept
         self.unread = sum(seg.slots.numel() for seg in kept)
+
+
+class _Streams:
+    """The ``B`` stream queues and the epoch they play (``replacement=False``)."""
+
+    def __init__(self, num_streams: int, replacement: bool):
+        self.queues = [_Stream() for _ in range(num_streams)]
+        self.replacement = replacement
+        self.ran_out = False
+        self.remaining_batches = torch.iinfo(torch.int64).max if replacement else 0
+
+    def fill(self, seq_len: int, draw, clock: int) -> None:
+        """Appends episodes ``draw()`` gives to every stream short of ``seq_len`` steps."""
+        for stream in self.queues:
+            while stream.unread < seq_len:
+                episode, slots = draw()
+                stream.push(_Segment(slots, episode, 0, clock))
+
+    def empty(self) -> bool:
+        return not any(stream.unread for stream in self.queues)
+
+    def deal(self, episodes, seq_len: int, generator: torch.Generator, clock: int) -> None:
+        """Deals every ``(id, slots)`` once: longest first to the least-filled stream
+        (Graham's LPT rule, ties in random order), then each stream's in random order."""
+        shuffled = [episodes[e] for e in torch.randperm(len(episodes), generator=generator)]
+        dealt = [[] for _ in self.queues]
+        loads = [(0, b) for b in range(len(self.queues))]
+        for episode in sorted(shuffled, key=lambda e: -e[1].numel()):
+            load, b = heapq.heappop(loads)
+            dealt[b].append(episode)
+            heapq.heappush(loads, (load + episode[1].numel(), b))
+        for stream, own in zip(self.queues, dealt):
+            for e in torch.randperm(len(own), generator=generator).tolist():
+                stream.push(_Segment(own[e][1], own[e][0], 0, clock))
+        longest = max(stream.unread for stream in self.queues)
+        self.remaining_batches = -(-longest // seq_len)
+        self.ran_out = False
+
+    def take(self, seq_len: int) -> list[list[_Segment]]:
+        """The next ``seq_len`` steps of every stream (fewer where an epoch's stream ran out)."""
+        rows = [stream.take(min(seq_len, stream.unread)) for stream in self.queues]
+        if not self.replacement:
+            self.remaining_batches -= 1
+            self.ran_out = self.empty()
+        return rows
+
+    @staticmethod
+    def layout(rows: list[list[_Segment]], seq_len: int):
+        """Slots, step-in-episode (-1 on padding) and episode ids of ``rows``, long ``[B, T]``;
+        a row short of ``seq_len`` (an epoch's stream that ran out) is padded."""
+        pad_slot = int(next(piece.slots[0] for row in rows for piece in row))
+        slots, steps, episodes = [], [], []
+        for row in rows:
+            for piece in row:
+                slots.append(piece.slots)
+                steps += range(piece.offset, piece.offset + piece.slots.numel())
+                episodes += [piece.episode] * piece.slots.numel()
+            missing = seq_len - sum(piece.slots.numel() for piece in row)
+            if missing:
+                slots.append(torch.full((missing,), pad_slot))
+                steps += [-1] * missing
+                episodes += [-1] * missing
+        shape = (len(rows), seq_len)
+        return (torch.cat(slots).view(shape), torch.tensor(steps).view(shape),
+                torch.tensor(episodes).view(shape))
+
+    def drop_stale(self, log) -> None:
+        """Drops every queued step rewritten since it was queued; an epoch left with
+        nothing to read ends."""
+        had_steps = not self.empty()
+        for stream in self.queues:
+            stream.drop_stale(log)
+        if not self.replacement and had_steps and self.empty():
+            self.ran_out, self.remaining_batches = True, 0
+
+    def state(self) -> dict:
+        segments = [(b, seg) for b, s in enumerate(self.queues) for seg in s.segments]
+        return {
+            "segment_stream": _as_long([b for b, _ in segments]),
+            "segment_length": _as_long([seg.slots.numel() for _, seg in segments]),
+            "segment_episode": _as_long([seg.episode for _, seg in segments]),
+            "segment_offset": _as_long([seg.offset for _, seg in segments]),
+            "segment_queued_at": _as_long([seg.queued_at for _, seg in segments]),
+            "segment_slots": torch.cat([seg.slots for _, seg in segments] or [_as_long([])]),
+            "ran_out": self.ran_out,
+            "remaining_batches": self.remaining_batches,
+        }
+
+    def check_state(self, state: dict) -> None:
+        """Raises ``ValueError`` unless ``state`` is a :meth:`state` of as many streams."""
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(
+                f"not a StreamChunkSampler stream state: it lacks {missing}; pass what "
+                "stream_state() (or state_dict()['streams']) returned."
+            )
+        streams = state["segment_stream"]
+        if streams.numel() and not 0 <= int(streams.min()) <= int(streams.max()) < len(self.queues):
+            raise ValueError(
+                f"the stream state holds streams up to {int(streams.max())}, this sampler has "
+                f"num_streams={len(self.queues)}; build the sampler with the saved sizes."
+            )
+
+    def load(self, state: dict) -> None:
+        self.queues = [_Stream() for _ in self.queues]
+        slots = state["segment_slots"].split(state["segment_length"].tolist())
+        fields = zip(
+            state["segment_stream"].tolist(), slots, state["segment_episode"].tolist(),
+            state["segment_offset"].tolist(), state["segment_queued_at"].tolist(),
+        )
+        for b, seg_slots, episode, offset, queued_at in fields:
+            self.queues[b].push(_Segment(seg_slots.clone(), episode, offset, queued_at))
+        self.ran_out = state["ran_out"]
+        self.remaining_batches = state["remaining_batches"]
