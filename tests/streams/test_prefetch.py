@@ -365,3 +365,57 @@ def test_a_second_prefetcher_on_the_same_sampler_is_refused():
         first.close()
     with ChunkPrefetcher(rb, depth=1) as second:  # the first is closed: allowed
         next(second)
+
+
+def ring_steps(obs, episode_len):
+    """Steps with observations ``obs``, cut into episodes of ``episode_len`` steps."""
+    obs = torch.as_tensor(list(obs))
+    done = ((torch.arange(obs.numel()) + 1) % episode_len == 0).unsqueeze(-1)
+    return TensorDict({"obs": obs, ("next", "done"): done}, [obs.numel()])
+
+
+def ring_of_four_episodes():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(40), sampler=StreamChunkSampler(1, 4, seed=0), batch_size=4
+    )
+    rb.extend(ring_steps(range(40), 10))  # four 10-step episodes fill the ring
+    return rb
+
+
+@pytest.mark.parametrize("restore", ["close", "load_state_dict", "loads"])
+def test_restoring_a_stream_state_drops_the_steps_overwritten_since(restore, tmp_path):
+    rb = ring_of_four_episodes()
+    new = ring_steps(range(10_000, 10_040), 40)  # one 40-step episode over the whole ring
+    with ChunkPrefetcher(rb.sample, depth=2) as chunks:
+        first = next(chunks)["obs"][0].tolist()
+        s = first[0]  # the stream's first episode, obs s .. s + 9
+        assert s % 10 == 0 and first == [s, s + 1, s + 2, s + 3]
+        wait_until_full(chunks)  # drawn ahead: chunks 2, 3 queued, chunk 4 in hand
+        rb.extend(new)
+        assert next(chunks)["obs"][0].tolist() == [s + 4, s + 5, s + 6, s + 7]  # drawn before
+        wait_until_full(chunks)  # the worker drew chunk 5: it read the rewrite
+        state = None if restore == "close" else chunks.state_dict()
+    # the stream's delivered state still queues obs s + 8, s + 9 of the old episode: their
+    # slots now hold 10000 + s + 8 and 10000 + s + 9, so they are dropped and the stream
+    # starts the only episode left at its first step
+    if restore != "close":
+        rb = ring_of_four_episodes()
+        rb.extend(new)
+        if restore == "load_state_dict":
+            rb.sampler.load_state_dict(state)
+        else:
+            torch.save(state, tmp_path / "stream_chunk_sampler.pt")
+            rb.sampler.loads(tmp_path)
+    chunk, after = rb.sample(), rb.sample()
+    assert chunk["obs"].tolist() == [[10_000, 10_001, 10_002, 10_003]]
+    assert chunk["is_first"].squeeze(-1).tolist() == [[True, False, False, False]]
+    assert after["obs"].tolist() == [[10_004, 10_005, 10_006, 10_007]]
+    assert not after["is_first"].any()
+
+
+def test_a_prefetcher_without_a_sampler_has_no_state_to_give():
+    with ChunkPrefetcher(counter()) as chunks:
+        with pytest.raises(ValueError, match="carries no StreamChunkSampler state"):
+            chunks.state_dict()
+    with pytest.raises(TypeError, match="sampler must be a StreamChunkSampler or None, got int"):
+        ChunkPrefetcher(counter(), sampler=3)

@@ -721,6 +721,24 @@ def test_bookkeeping_stays_within_the_storage_capacity():
         assert listed + sum(s.numel() for s in tracker.episodes.slots) <= 12
 
 
+def test_a_continuing_task_keeps_streaming_after_the_ring_wraps():
+    rb = buffer(1, 4, capacity=10, only_complete=False)
+
+    def never_done(obs):
+        return TensorDict({"obs": torch.tensor(obs), ("next", "done"): torch.zeros(len(obs), 1, dtype=torch.bool)}, [len(obs)])
+
+    rb.extend(never_done(range(8)))
+    chunks = [rb.sample()]
+    rb.extend(never_done(range(8, 12)))  # slots 8, 9, 0, 1: its steps 0 and 1 are overwritten
+    chunks += [rb.sample() for _ in range(4)]
+    # the stream plays obs 0..7 as queued, then draws the episode again: its steps 2..11
+    assert [c["obs"][0].tolist() for c in chunks] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 2, 3]]
+    assert [c["is_first"][0].squeeze(-1).tolist() for c in chunks] == [
+        [True, False, False, False], [False] * 4, [True, False, False, False], [False] * 4,
+        [False, False, True, False]]
+
+
 def test_unflattened_collector_batch_is_refused():
     rb = buffer(2, 3)
     rb.extend(torch.stack([episodes([3]), episodes([3])]))  # [num_envs, T] in one slot each
