@@ -181,11 +181,12 @@ def act_as_rank(monkeypatch, rank: int, collectives_done: int | None = None) -> 
         monkeypatch.setattr(dist, name, value)
 
 
-def test_no_rank_writes_before_rank_0_removed_the_old_manifest(tmp_path, monkeypatch):
+def test_a_save_killed_after_a_rank_wrote_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
     model, _ = make_model()
     parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
     buffers = [make_buffer(rank) for rank in range(2)]
-    for rank, buffer in enumerate(buffers):  # a complete 2-rank checkpoint of step 1
+    for rank, buffer in reversed(list(enumerate(buffers))):  # a complete 2-rank checkpoint
+        # of step 1; rank 0 last, as it writes the manifest after every rank wrote
         buffer.extend(episodes([3, 4]))
         with monkeypatch.context() as m:
             act_as_rank(m, rank)
@@ -197,8 +198,8 @@ def test_no_rank_writes_before_rank_0_removed_the_old_manifest(tmp_path, monkeyp
         raise Killed
 
     monkeypatch.setattr(buffers[1], "dumps", dumps_then_killed)
-    # rank 0 checked its arguments with rank 1, then the job was killed before rank 0 removed
-    # the manifest of step 1: rank 1 must not have written its buffer of step 2 meanwhile
+    # rank 1 checked its arguments with rank 0 and wrote its buffer of step 2, then the job
+    # was killed: the manifest still names the files of step 1
     with monkeypatch.context() as m, pytest.raises(Killed):
         act_as_rank(m, 1, collectives_done=1)
         save_checkpoint(tmp_path, step=2, buffer=buffers[1], **parts)
@@ -219,7 +220,7 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
     optim.step()
     save_checkpoint(tmp_path, step=1, buffer=buffer, model=model, optimizer=optim)
 
-    def run(*, streams=2, out_features=1, two_groups=False):
+    def run(*, streams=2, out_features=1, two_groups=False, optimizer=torch.optim.Adam, **hyper):
         """A run to resume: 4 steps already in its buffer, a model of another seed."""
         torch.manual_seed(1)
         buffer = make_buffer(0, streams=streams)
@@ -228,7 +229,7 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
         model[2].module[1] = nn.Linear(4, out_features)
         params = list(model.parameters())
         groups = [{"params": params[:2]}, {"params": params[2:]}] if two_groups else params
-        return buffer, model, torch.optim.Adam(groups)
+        return buffer, model, optimizer(groups, **hyper)
 
     cases = [
         ({"out_features": 2}, r"model does not fit rank 0's saved model \(other shapes "
@@ -237,6 +238,11 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
         ({"two_groups": True}, r"optimizer does not fit rank 0's saved optimizer \(ValueError: loaded state "
                         r"dict has a different number of parameter groups\)"),
         ({"streams": 3}, r"\(num_streams, seq_len\) = \(2, 4\), this sampler has \(3, 4\)"),
+        # Adam's state loads into any optimizer class: SGD's first step() raised KeyError
+        ({"optimizer": torch.optim.SGD, "lr": 0.1},
+         r"optimizer is a torch.optim.sgd.SGD, rank 0 saved a torch.optim.adam.Adam"),
+        ({"optimizer": torch.optim.AdamW}, r"optimizer is a torch.optim.adamw.AdamW"),
+        ({"weight_decay": 0.1}, r"hyperparameters differ .*\(group 0 weight_decay: saved 0, here 0.1\)"),
     ]
     for options, error in cases:
         buffer, model, optim = run(**options)
@@ -249,6 +255,55 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
         assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
         assert optim.state_dict()["state"] == {}
         assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_different_lr_is_restored_from_the_checkpoint(tmp_path):
+    model, _ = make_model()
+    buffer = make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    save_checkpoint(tmp_path, step=1, buffer=buffer, model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.5))
+    optim = torch.optim.Adam(model.parameters(), lr=0.01)  # e.g. a scheduler's value
+    load_checkpoint(tmp_path, buffer=make_buffer(0), model=model, optimizer=optim)
+    assert optim.param_groups[0]["lr"] == 0.5
+
+
+@pytest.mark.parametrize("field, value", [("world_size", True), ("step", 1.0), ("workers", [True])])
+def test_a_manifest_field_of_the_wrong_type_is_refused(tmp_path, field, value):
+    model, _ = make_model()
+    parts = {"buffer": make_buffer(0), "model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    parts["buffer"].extend(episodes([3, 4]))
+    save_checkpoint(tmp_path, step=1, **parts)
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), field: value}))
+    with pytest.raises(ValueError, match=rf"manifest.json is not a checkpoint manifest \(TypeError: {field}"):
+        load_checkpoint(tmp_path, **parts)
+
+
+def test_a_save_that_crashes_midway_leaves_the_old_checkpoint_loadable(tmp_path, monkeypatch):
+    model, _ = make_model()
+    parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    buffer = make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    save_checkpoint(tmp_path, step=1, buffer=buffer, **parts)
+    buffer.extend(episodes([2, 5]))
+
+    save = torch.save
+
+    def killed_at_state(obj, where, *args, **kwargs):  # the process dies writing state.pt
+        if str(where).endswith("state.pt"):
+            raise Killed
+        save(obj, where, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", killed_at_state)
+    with pytest.raises(Killed):
+        save_checkpoint(tmp_path, step=2, buffer=buffer, **parts)
+    monkeypatch.undo()
+    resumed = make_buffer(0)
+    assert load_checkpoint(tmp_path, buffer=resumed, **parts)["step"] == 1
+    assert len(resumed) == 7  # the 3 + 4 steps of step 1
+    save_checkpoint(tmp_path, step=2, buffer=buffer, **parts)  # the next save goes through
+    assert load_checkpoint(tmp_path, buffer=make_buffer(0), **parts)["step"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data2", "manifest.json"]
 
 
 def fail_on_rank_1(rank, world_size, out):
@@ -272,11 +327,11 @@ def fail_on_rank_1(rank, world_size, out):
     record(lambda: save_checkpoint(path, step=1, buffer=buffer, **parts))
     if rank == 1:
         buffer.extend(episodes([2, 3]))
-        path.mkdir()
-        (path / "rank1").write_text("not a folder")
+        (path / "data1").mkdir(parents=True)
+        (path / "data1" / "rank1").write_text("not a folder")
     record(lambda: save_checkpoint(path, step=2, buffer=buffer, **parts))
     if rank == 1:
-        (path / "rank1").unlink()
+        (path / "data1" / "rank1").unlink()
     record(lambda: save_checkpoint(path, step=3, buffer=buffer, **parts))
     other, _ = make_model()
     if rank == 1:
@@ -295,17 +350,17 @@ def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path):
     path = tmp_path / "checkpoint"
     failed = "RuntimeError: rank(s) [1] failed while {} (their own errors say why and how to fix it); {}"
     untouched = f"nothing was written: a checkpoint at {path} is as it was."
-    incomplete = f"{path} holds no manifest (an incomplete checkpoint): save again."
+    kept = f"the checkpoint at {path} is as it was (the new files are under no manifest)."
     unloaded = "nothing was loaded: the buffer, model, optimizer and random generators of every rank are as they were."
     assert rank0["calls"] == [
         [failed.format("checking the arguments of save_checkpoint", untouched), False],
-        [failed.format("writing its files", incomplete), False],
+        [failed.format("writing its files", kept), False],
         [None, True],
         [failed.format(f"checking the checkpoint at {path}", unloaded), True],
     ]
     errors, manifest = zip(*rank1["calls"])
     assert errors[0].startswith("ValueError: rank 1's buffer was never written to")
-    assert errors[1] == f"FileExistsError: [Errno 17] File exists: '{path / 'rank1'}'"
+    assert errors[1] == f"FileExistsError: [Errno 17] File exists: '{path / 'data1' / 'rank1'}'"
     assert errors[2] is None
     assert errors[3].startswith("ValueError: model does not fit rank 1's saved model (other shapes")
     assert manifest == (False, False, True, True)

@@ -194,3 +194,37 @@ def test_a_transform_that_returns_no_tensordict_is_named():
             ingest.wait(1, timeout=10)
         ingest.close()
         assert ingest.batches == 0
+
+
+def test_padding_of_split_trajectories_is_not_written():
+    # a split_trajs batch: trajectory 5 of 3 steps, trajectory 6 of 1 step padded to 3
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    batch = TensorDict({"obs": torch.tensor([[0, 1, 2], [3, 0, 0]]),
+                        TRAJ: torch.tensor([[5, 5, 5], [6, 0, 0]]),
+                        ("collector", "mask"): mask,
+                        ("next", "done"): torch.tensor([[0, 0, 1], [1, 0, 0]]).bool().unsqueeze(-1)},
+                       [2, 3])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(20),
+                                sampler=StreamChunkSampler(1, 2, traj_key=TRAJ, seed=0), batch_size=2)
+    with IngestThread([batch, batch], rb, on_demand=True) as ingest:
+        ingest.request(2)
+        ingest.wait(2)
+        assert (ingest.batches, ingest.frames, len(rb)) == (2, 8, 8)  # 4 real steps a batch
+    assert rb.storage[:]["obs"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert rb.storage[:][TRAJ].tolist() == [5, 5, 5, 6, 5, 5, 5, 6]
+
+
+def test_a_collector_with_split_trajs_writes_only_its_env_frames():
+    env = GymEnv("CartPole-v1")
+    env.set_seed(0)
+    with pytest.warns(UserWarning, match="split_trajs=True produces a .* zero-padded tensordict"):
+        collector = Collector(env, None, frames_per_batch=20, total_frames=100, split_trajs=True)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(200),
+                                sampler=StreamChunkSampler(1, 4, traj_key=TRAJ, seed=0), batch_size=4)
+    try:
+        with IngestThread(collector, rb) as ingest:
+            ingest.wait(5, timeout=60)
+            assert (ingest.batches, ingest.frames, len(rb)) == (5, 100, 100)  # 5 batches of 20
+    finally:
+        collector.shutdown()
+    assert rb.storage[:]["collector", "mask"].all()

@@ -69,10 +69,10 @@ def test_tag_values_shapes_and_pickling():
 @pytest.mark.parametrize(
     "args, data, error, words",
     [
-        ((2, 2), None, ValueError, r"worker must be in \[0, num_workers\) = \[0, 2\), got 2"),
+        ((2, 2), None, ValueError, r"worker must be in \[0, 1\], got 2"),
         ((0, 0), None, ValueError, "num_workers must be >= 1, got 0"),
-        ((True, 2), None, TypeError, "worker must be an int, got True"),
-        ((0, 2.0), None, TypeError, "num_workers must be an int, got 2.0"),
+        ((True, 2), None, TypeError, r"worker must be an int in \[0, 1\], got True"),
+        ((0, 2.0), None, TypeError, "num_workers must be an int >= 1, got 2.0"),
         ((0, 2), {"obs": torch.zeros(2)}, ValueError, r"traj_key \('collector', 'traj_ids'\) not found"),
         ((0, 2), {TRAJ: torch.tensor([0.0, 1.0])}, TypeError, "must hold integer ids, got dtype torch.float32"),
         ((0, 2), {TRAJ: torch.tensor([0, -1])}, ValueError, r"negative ids \(smallest -1\)"),

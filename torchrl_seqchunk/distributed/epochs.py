@@ -25,8 +25,8 @@ class EvenEpochs:
     """Iterating it yields one epoch of chunks, as many on every rank: the fewest any rank has.
 
     Each iteration draws this rank's first chunk of an epoch (``buffer.sample()``), reads
-    how many chunks the epoch has from the sampler's epoch count (TorchRL's
-    ``_remaining_batches``, which the sampler sets when it deals the epoch), and takes the
+    how many chunks the epoch has from the sampler's
+    :attr:`~torchrl_seqchunk.StreamChunkSampler.remaining_batches`, and takes the
     minimum over the ranks with one ``all_reduce(MIN)``. Every rank then yields exactly
     that many chunks; a rank whose epoch is longer draws the rest of it (and drops it)
     with its last chunk, so the next iteration deals a new epoch on every rank. The
@@ -114,7 +114,7 @@ class EvenEpochs:
         sampler, failure = self.buffer.sampler, None
         try:
             first = self.buffer.sample()
-            own = sampler._remaining_batches + 1  # the chunk drawn and those left
+            own = sampler.remaining_batches + 1  # the chunk drawn and those left
         except Exception as error:  # e.g. no episode here: the others must not wait for us
             first, own, failure = None, 0, error
         count = self._agree(own)

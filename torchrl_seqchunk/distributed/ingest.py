@@ -1,12 +1,4 @@
-"""Ingest: a learner's buffer fed from a collector by a thread of the learner process.
-
-A :class:`~torchrl_seqchunk.StreamChunkSampler` must see every write to its storage, so
-the writes have to go through ``rb.extend`` in the process that owns the sampler (a
-collector given ``replay_buffer=`` writes from its worker processes, which the sampler
-names as writes it did not see). :class:`IngestThread` is that owner-side writer: any
-TorchRL collector (``Collector``, ``MultiSyncCollector``, ``RayCollector``) steps its envs
-where it likes, and the batches it yields are written here.
-"""
+"""Ingest: a learner's buffer fed from any TorchRL collector by a thread of the learner process."""
 from __future__ import annotations
 
 import threading
@@ -17,28 +9,26 @@ from collections.abc import Callable, Iterable
 from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
+from .._checks import check_int
+
 __all__ = ["IngestThread"]
 
 
-def _check_int_batches(batches, example: str) -> None:
-    """``batches`` must be an int (a bool is refused)."""
-    if isinstance(batches, bool) or not isinstance(batches, int):
-        raise TypeError(
-            f"batches must be an int, got {batches!r} ({type(batches).__name__}); pass a number "
-            f"of batches, e.g. {example}."
-        )
+_MASK = ("collector", "mask")  # False on the padding of a collector with split_trajs=True
 
 
 class IngestThread:
     """Iterates a collector in a background thread and writes each batch into a buffer.
 
-    Each batch the collector yields (a TensorDict, e.g. ``[num_envs, T]``) goes through
-    ``transform`` when one is given, then ``buffer.extend(batch.reshape(-1))``: steps
-    flat, env after env, each env's steps in time order (give the sampler
-    ``traj_key=("collector", "traj_ids")`` so the envs' trajectories stay apart, and
-    each of several collectors of one buffer its own
-    :class:`~torchrl_seqchunk.TagTrajectories` postproc). The replay buffer's lock keeps
-    the writes and the learner's samples apart.
+    A :class:`~torchrl_seqchunk.StreamChunkSampler` must see every write to its storage, so
+    writes go through ``rb.extend`` in the process that owns it (a collector given
+    ``replay_buffer=`` writes from its workers, which the sampler refuses). Each batch the
+    collector yields (a TensorDict, e.g. ``[num_envs, T]``) goes through ``transform``
+    when one is given, then ``buffer.extend``: steps flat, env after env, each env's steps
+    in time order (give the sampler ``traj_key=("collector", "traj_ids")``, and each of
+    several collectors of one buffer its own :class:`~torchrl_seqchunk.TagTrajectories`
+    postproc). A batch with ``("collector", "mask")`` (a collector with
+    ``split_trajs=True``) is written without its padding: only the real steps.
 
     Two paces:
 
@@ -69,7 +59,7 @@ class IngestThread:
 
     Attributes:
         batches (int): batches written so far.
-        frames (int): steps written so far (``batch.numel()`` summed).
+        frames (int): steps written so far (padding left out).
 
     Raises:
         TypeError: ``collector`` is not iterable, ``buffer`` is not a TorchRL replay
@@ -149,10 +139,12 @@ class IngestThread:
                             f"{'None' if batch is None else type(batch).__name__}; return the "
                             "batch, also from a transform that edits it in place."
                         )
-                self.buffer.extend(batch.reshape(-1))
+                mask = batch.get(_MASK, default=None)
+                steps = batch.reshape(-1) if mask is None else batch[mask.bool()]
+                self.buffer.extend(steps)
                 with self._changed:
                     self.batches += 1
-                    self.frames += batch.numel()
+                    self.frames += steps.numel()
                     self._changed.notify_all()
         except BaseException as error:  # handed to the learner
             self._error = error
@@ -175,14 +167,13 @@ class IngestThread:
             TypeError: ``batches`` is not an int.
             ValueError: the thread runs free (``on_demand=False``), or ``batches`` < 1.
         """
-        _check_int_batches(batches, "request(2)")
+        check_int("batches", batches)
         if not self.on_demand:
             raise ValueError(
                 "request() paces an IngestThread built with on_demand=True; this one "
                 "collects freely (on_demand=False)."
             )
-        if batches < 1:
-            raise ValueError(f"batches must be >= 1, got {batches}.")
+        check_int("batches", batches, low=1)
         with self._changed:
             self._allowed += batches
             self._changed.notify_all()
@@ -223,7 +214,7 @@ class IngestThread:
             TimeoutError: ``timeout`` passed first.
             TypeError: ``batches`` not an int; ``timeout`` neither a number nor None.
         """
-        _check_int_batches(batches, "wait(2)")
+        check_int("batches", batches)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
             raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r} "
                             f"({type(timeout).__name__}).")

@@ -1,28 +1,49 @@
-"""Learner ranks: which env workers feed which rank, and each rank's own seed.
-
-Each learner rank owns a replay buffer, a :class:`~torchrl_seqchunk.StreamChunkSampler`
-drawing from it, a :class:`~torchrl_seqchunk.ChunkPrefetcher` and the
-:class:`~torchrl_seqchunk.ResetRNN` carry of its streams. Env workers are split among the
-ranks (:func:`assign_workers`) and each rank's sampler draws from a seed of its own
-(:func:`rank_seed`), so no two ranks replay the same episode order.
-"""
+"""Learner ranks: which env workers feed which rank, each rank's own seed, and how ranks agree."""
 from __future__ import annotations
 
-import numbers
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._checks import check_int
+
 __all__ = ["assign_workers", "rank_seed"]
 
 
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r} ({type(value).__name__}).")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}.")
-    return int(value)
+def _world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without an initialized process group."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextmanager
+def _on_every_rank(stage: str, consequence: str) -> Iterator[None]:
+    """Runs the block, then every rank learns whether it failed on some rank (an
+    ``all_reduce`` of failure flags, also a barrier): a rank that failed raises its own
+    error, the others a ``RuntimeError`` naming the ranks that failed, so none is left
+    waiting in a later collective. Without a process group it only runs the block."""
+    error = None
+    try:
+        yield
+    except Exception as caught:  # raised below, once every rank knows
+        error = caught
+    if dist.is_initialized():
+        rank, world_size = _world()
+        flags = [int(r == rank and error is not None) for r in range(world_size)]
+        failed = [r for r, flag in enumerate(_all_reduce(flags, dist.ReduceOp.SUM)) if flag]
+    else:
+        failed = []
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(
+            f"rank(s) {failed} failed while {stage} (their own errors say why and how to fix "
+            f"it); {consequence}"
+        )
 
 
 def _all_reduce(
@@ -65,7 +86,7 @@ def rank_seed(seed: int, rank: int) -> int:
         >>> 0 <= rank_seed(7, 3) < 2**64
         True
     """
-    seed, rank = _check_int("seed", seed, 0), _check_int("rank", rank, 0)
+    seed, rank = check_int("seed", seed, low=0), check_int("rank", rank, low=0)
     sequence = np.random.SeedSequence(seed, spawn_key=(rank,))
     return int(sequence.generate_state(1, np.uint64)[0])
 
@@ -95,8 +116,8 @@ def assign_workers(num_workers: int, world_size: int) -> list[int]:
         >>> assign_workers(5, 2)
         [0, 1, 0, 1, 0]
     """
-    world_size = _check_int("world_size", world_size, 1)
-    num_workers = _check_int("num_workers", num_workers, 1)
+    world_size = check_int("world_size", world_size, low=1)
+    num_workers = check_int("num_workers", num_workers, low=1)
     if num_workers < world_size:
         raise ValueError(
             f"num_workers={num_workers} is less than world_size={world_size}: a rank without "

@@ -8,10 +8,10 @@ batches with its worker number keeps them apart.
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from tensordict import NestedKey, TensorDictBase
+
+from .._checks import check_int
 
 __all__ = ["TagTrajectories"]
 
@@ -55,19 +55,9 @@ class TagTrajectories:
 
     def __init__(self, worker: int, num_workers: int, *,
                  traj_key: NestedKey = ("collector", "traj_ids")):
-        for name, value in (("worker", worker), ("num_workers", num_workers)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(
-                    f"{name} must be an int, got {value!r} ({type(value).__name__})."
-                )
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}; count the writers.")
-        if not 0 <= worker < num_workers:
-            raise ValueError(
-                f"worker must be in [0, num_workers) = [0, {num_workers}), got {worker}; "
-                "number the workers 0, 1, ..., num_workers - 1."
-            )
-        self.worker, self.num_workers, self.traj_key = int(worker), int(num_workers), traj_key
+        num_workers = check_int("num_workers", num_workers, low=1)
+        worker = check_int("worker", worker, low=0, high=num_workers - 1)
+        self.worker, self.num_workers, self.traj_key = worker, num_workers, traj_key
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         ids = td.get(self.traj_key, default=None)
