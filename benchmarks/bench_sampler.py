@@ -1,4 +1,4 @@
-"""Side-by-side throughput of stream chunks against a raw gather and TorchRL's SliceSampler.
+"""Side-by-side throughput of stream chunks against a raw gather and TorchRL's own samplers.
 
 One storage of uint8 image steps ([3, 64, 64] by default) is filled with episodes of
 random length; then, in interleaved rounds so that machine load hits every side alike:
@@ -6,13 +6,16 @@ random length; then, in interleaved rounds so that machine load hits every side 
 - ``stream``: ``rb.sample()`` with ``StreamChunkSampler(B, T)`` ([B, T] chunks);
 - ``raw_gather``: ``storage[index]`` of B contiguous runs of T steps (the bytes alone);
 - ``slice``: ``rb.sample()`` with TorchRL's ``SliceSampler(slice_len=T)`` (defaults);
+- ``sequence``: ``rb.sample()`` of B anchors with TorchRL's ``Sequence(T,
+  episode_boundary="include_reset")`` sample unit (uniform anchors), viewed as ``[B, T]``;
 
 and a consumer that simulates a training step as long as one raw gather (sleeping, as
 when the accelerator works) while a ``ChunkPrefetcher`` prepares the next chunks; the
 wait is measured once the queue has filled (steady state).
 
 Prints ``RATIO stream_vs_raw_gather`` (goal >= 0.8), ``RATIO stream_vs_slicesampler``
-(goal >= 1.0) and ``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
+(goal >= 1.0), ``RATIO stream_vs_sequence_unit`` (goal >= 1.0) and
+``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
 
     python benchmarks/bench_sampler.py                       # 100k steps, B=16, T=64
     python benchmarks/bench_sampler.py --steps 5000 --rounds 3 --iters 5   # smoke run
@@ -26,7 +29,7 @@ import time
 import torch
 from tensordict import TensorDict
 from timing import seconds_per_call  # benchmarks/timing.py
-from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
 
@@ -88,11 +91,20 @@ def main():
         storage=storage, sampler=SliceSampler(slice_len=T), batch_size=B * T
     )
 
+    sequence_rb = TensorDictReplayBuffer(
+        storage=storage, batch_size=B,
+        sample_unit=Sequence(T, episode_boundary="include_reset"),
+    )
+
+    def sequence():
+        return sequence_rb.sample().reshape(B, T)
+
     def raw_gather():
         starts = torch.randint(0, len(storage) - T + 1, (B, 1), generator=generator)
         return storage[starts + torch.arange(T)]
 
-    sides = {"stream": stream_rb.sample, "raw_gather": raw_gather, "slice": slice_rb.sample}
+    sides = {"stream": stream_rb.sample, "raw_gather": raw_gather, "slice": slice_rb.sample,
+             "sequence": sequence}
     for fn in sides.values():  # warm up: first boundary scans, allocator
         fn()
     times = {name: [] for name in sides}
@@ -122,6 +134,7 @@ def main():
     # throughput ratios are inverse time ratios
     print(f"RATIO stream_vs_raw_gather {median['raw_gather'] / median['stream']:.3f}")
     print(f"RATIO stream_vs_slicesampler {median['slice'] / median['stream']:.3f}")
+    print(f"RATIO stream_vs_sequence_unit {median['sequence'] / median['stream']:.3f}")
     print(f"RATIO prefetch_wait_fraction {waited / wall:.4f}")
 
 

@@ -345,7 +345,7 @@ def fail_on_rank_1(rank, world_size, out):
 
 @pytest.mark.distributed
 def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path):
-    spawn(fail_on_rank_1, tmp_path, timeout=90)  # before, rank 0 waited in a barrier forever
+    spawn(fail_on_rank_1, tmp_path, timeout=90)  # without the agreement rank 0 waits forever
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     path = tmp_path / "checkpoint"
     failed = "RuntimeError: rank(s) [1] failed while {} (their own errors say why and how to fix it); {}"

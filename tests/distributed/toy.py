@@ -6,6 +6,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.modules import set_recurrent_mode
 
 from torchrl_seqchunk import ResetRNN, StreamChunkSampler, rank_seed
 
@@ -44,5 +45,6 @@ def make_model(dropout: float = 0.0) -> tuple[TensorDictSequential, ResetRNN]:
 def chunk_loss(model, chunk) -> torch.Tensor:
     """Mean squared error over the real (unpadded) slots of a [B, T] chunk."""
     mask = chunk["collector", "mask"].unsqueeze(-1).float()
-    error = (model(chunk)["pred"] - chunk["target"]).pow(2)
+    with set_recurrent_mode(True):  # [B, T] chunks: sequences
+        error = (model(chunk)["pred"] - chunk["target"]).pow(2)
     return (error * mask).sum() / mask.sum()

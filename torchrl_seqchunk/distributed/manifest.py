@@ -41,7 +41,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         check_int("world_size", manifest["world_size"], low=1)
         check_int("step", manifest["step"])
         _check_workers(manifest["workers"])
-        manifest["folder"] = saved.get("folder", ".")  # "." : written before data folders
+        manifest["folder"] = saved.get("folder", ".")  # ".": rank folders beside the manifest
         folder = manifest["folder"]
         if not isinstance(folder, str) or folder in ("", "..") or "/" in folder or "\\" in folder:
             raise TypeError(f"folder must name a folder inside the checkpoint, got {folder!r}")
