@@ -1,12 +1,4 @@
-"""Epochs of equal length on every learner rank.
-
-A :class:`~torchrl_seqchunk.StreamChunkSampler` with ``replacement=False`` deals each
-episode once per epoch, so an epoch lasts as many chunks as its longest stream needs:
-a rank holding more (or longer) episodes runs more chunks than another. Under
-``DistributedDataParallel`` every backward is a collective, so ranks with different chunk
-counts fall out of step (parameters drift apart, then a collective fails).
-:class:`EvenEpochs` makes the ranks agree on the count first.
-"""
+"""Epochs of equal length on every learner rank, so DDP's collectives stay in step."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -24,27 +16,19 @@ __all__ = ["EvenEpochs"]
 class EvenEpochs:
     """Iterating it yields one epoch of chunks, as many on every rank: the fewest any rank has.
 
-    Each iteration draws this rank's first chunk of an epoch (``buffer.sample()``), reads
-    how many chunks the epoch has from the sampler's
-    :attr:`~torchrl_seqchunk.StreamChunkSampler.remaining_batches`, and takes the
-    minimum over the ranks with one ``all_reduce(MIN)``. Every rank then yields exactly
-    that many chunks; a rank whose epoch is longer draws the rest of it (and drops it)
-    with its last chunk, so the next iteration deals a new epoch on every rank. The
-    chunks dropped are the ends of that rank's streams (its episodes dealt last); over
-    epochs the sampler's random order spreads the loss over all episodes.
+    A :class:`~torchrl_seqchunk.StreamChunkSampler` with ``replacement=False`` deals each
+    episode once per epoch, so an epoch lasts as many chunks as its longest stream needs
+    and ranks holding more data would run more DDP backwards (each a collective) than
+    others. Each iteration draws this rank's first chunk, reads the epoch's length from
+    :attr:`~torchrl_seqchunk.StreamChunkSampler.remaining_batches`, takes the minimum over
+    the ranks (one ``all_reduce(MIN)``) and yields that many chunks (``[B, T]``, as
+    ``buffer.sample()``); a longer epoch's rest is drawn and dropped with the last one.
+    :attr:`count` is the number agreed for the last epoch, :attr:`own` this rank's own.
 
-    Use it as the source of a :class:`~torchrl_seqchunk.ChunkPrefetcher` (e.g.
-    ``ChunkPrefetcher(itertools.chain.from_iterable(itertools.repeat(even, epochs)))``):
-    the agreement then runs in the prefetcher's thread while the training thread runs
-    DDP's collectives, which is why it uses a process group of its own (a gloo group made
-    at construction, so the count travels on the CPU even when DDP runs NCCL). Build it
-    on every rank at the same point of the program, once (making a group is a
-    collective). Without an initialized process group it is one rank's epochs.
-
-    Iterating yields TensorDicts of batch size ``[B, T]`` as ``buffer.sample()`` does
-    (see :class:`~torchrl_seqchunk.StreamChunkSampler`; ``("collector", "mask")`` is False
-    on padding). :attr:`count` is the number agreed for the last epoch, :attr:`own` this
-    rank's own count before the agreement (ints, ``None`` before the first epoch).
+    .. note:: The agreement runs on a gloo group made at construction (a collective:
+        build it on every rank at the same point, once), so it can run in a
+        :class:`~torchrl_seqchunk.ChunkPrefetcher`'s thread while DDP runs NCCL. Without
+        an initialized process group it is one rank's epochs.
 
     Args:
         buffer (ReplayBuffer): this rank's buffer, sampling with a

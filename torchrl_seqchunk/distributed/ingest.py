@@ -20,31 +20,20 @@ _MASK = ("collector", "mask")  # False on the padding of a collector with split_
 class IngestThread:
     """Iterates a collector in a background thread and writes each batch into a buffer.
 
-    A :class:`~torchrl_seqchunk.StreamChunkSampler` must see every write to its storage, so
-    writes go through ``rb.extend`` in the process that owns it (a collector given
-    ``replay_buffer=`` writes from its workers, which the sampler refuses). Each batch the
-    collector yields (a TensorDict, e.g. ``[num_envs, T]``) goes through ``transform``
-    when one is given, then ``buffer.extend``: steps flat, env after env, each env's steps
-    in time order (give the sampler ``traj_key=("collector", "traj_ids")``, and each of
-    several collectors of one buffer its own :class:`~torchrl_seqchunk.TagTrajectories`
-    postproc). A batch with ``("collector", "mask")`` (a collector with
-    ``split_trajs=True``) is written without its padding: only the real steps.
+    Each batch (a TensorDict, e.g. ``[num_envs, T]``) goes through ``transform`` when
+    given, then ``buffer.extend``: steps flat, env after env, each env's in time order
+    (give the sampler ``traj_key=("collector", "traj_ids")``). A batch holding
+    ``("collector", "mask")`` (``split_trajs=True``) is written without its padding.
+    Free (``on_demand=False``), the thread writes as fast as the collector yields
+    (off-policy replay); on demand, it collects only the batches :meth:`request`
+    allowed, so the learner decides when envs step (on-policy). :meth:`wait` blocks until
+    a number of batches was written and re-raises, in the learner, any exception of the
+    thread (also :meth:`check` and :meth:`close`).
 
-    Two paces:
-
-    - free (``on_demand=False``): the thread writes batches as fast as the collector
-      yields them, while the learner samples (off-policy replay, world models);
-    - on demand (``on_demand=True``): the thread asks the collector for a batch only
-      when :meth:`request` allowed one, so the learner decides when envs step, e.g. after
-      ``collector.update_policy_weights_()`` for on-policy training, and a ``transform``
-      (advantages, say) runs while the learner waits, not while it trains.
-
-    :meth:`wait` blocks until a given number of batches has been written and re-raises,
-    in the learner, any exception of the thread (also :meth:`check` and :meth:`close`);
-    after a failure every later :meth:`wait` and :meth:`check` raises again, naming it.
-    :meth:`close` (also on leaving a ``with`` block) stops the thread after the batch it
-    is collecting and joins it; shut the collector down after it (``collector.shutdown()``),
-    never while the thread may still iterate it.
+    .. note:: A :class:`~torchrl_seqchunk.StreamChunkSampler` must see every write, so
+        write through this thread in the process that owns the buffer, not with a
+        collector given ``replay_buffer=``. Shut the collector down after :meth:`close`,
+        never while the thread may still iterate it.
 
     Args:
         collector (iterable): yields TensorDict batches; a TorchRL collector, or any

@@ -88,23 +88,20 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         generator (torch.Generator, optional): source of randomness. Defaults to the
             replay buffer's generator when it has one, else a CPU generator seeded from
             torch's global RNG.
-        seed (int, optional): seeds a CPU generator of the sampler's own, in ``[0, 2**64)``
-            (as ``generator=torch.Generator().manual_seed(seed)``). Exclusive with
-            ``generator``. Defaults to ``None``.
+        seed (int, optional): as ``generator=torch.Generator().manual_seed(seed)``, in
+            ``[0, 2**64)``. Exclusive with ``generator``. Defaults to ``None``.
         episode_key (NestedKey, optional): where to write episode ids. Defaults to ``None``.
         step_key (NestedKey, optional): where to write steps-in-episode. Defaults to ``None``.
         mask_key (NestedKey): padding mask key (``replacement=False`` only). Defaults to
             ``("collector", "mask")``, as TorchRL's slice samplers.
 
     Raises:
-        TypeError: ``num_streams`` / ``seq_len`` / ``seed`` not ints, ``generator`` not a
-            ``torch.Generator``; non-bool ``end_key`` flags; a storage that does not read
-            as one TensorDict of steps (use ``LazyTensorStorage`` / ``LazyMemmapStorage``).
-        ValueError: sizes < 1, ``seed`` out of range or given with ``generator``; a batch
-            size other than ``num_streams * seq_len``; a buffer with ``prefetch > 1``; a
-            storage that is not one-dimensional, lacks ``end_key`` (or ``traj_key``) or
-            holds no eligible episode; a state of other sizes; steps written without
-            ``rb.extend`` / ``rb.add``.
+        TypeError: a size, ``seed`` or ``generator`` of the wrong type; non-bool
+            ``end_key`` flags; a storage that does not read as one TensorDict of steps.
+        ValueError: sizes < 1; ``seed`` out of range or with ``generator``; a batch size
+            other than ``B * T``; a buffer with ``prefetch > 1``; a storage that is not
+            one-dimensional, lacks ``end_key`` / ``traj_key`` or holds no eligible
+            episode; a state of other sizes; steps written without ``rb.extend``/``rb.add``.
 
     Examples:
         >>> import torch
@@ -119,10 +116,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         >>> done = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
         >>> _ = rb.extend(TensorDict({"obs": torch.arange(8), ("next", "done"): done}, [8]))
         >>> chunk = rb.sample()
-        >>> chunk.batch_size
-        torch.Size([1, 4])
-        >>> chunk["is_first"].shape, chunk["is_first"].dtype
-        (torch.Size([1, 4, 1]), torch.bool)
+        >>> chunk.batch_size, chunk["is_first"].shape, chunk["is_first"].dtype
+        (torch.Size([1, 4]), torch.Size([1, 4, 1]), torch.bool)
         >>> chunk["obs"][0, 0].item() in (0, 3)  # every chunk row starts where an episode starts
         True
     """
