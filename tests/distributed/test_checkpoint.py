@@ -8,11 +8,13 @@ import torch.distributed as dist
 from spawn_ranks import spawn
 from tensordict import TensorDict
 from torch import nn
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from toy import chunk_loss, episodes, make_buffer, make_model
 
 from torchrl_seqchunk import (
     ChunkPrefetcher,
     EvenEpochs,
+    StreamChunkSampler,
     load_checkpoint,
     save_checkpoint,
 )
@@ -304,6 +306,30 @@ def test_a_save_that_crashes_midway_leaves_the_old_checkpoint_loadable(tmp_path,
     save_checkpoint(tmp_path, step=2, buffer=buffer, **parts)  # the next save goes through
     assert load_checkpoint(tmp_path, buffer=make_buffer(0), **parts)["step"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data2", "manifest.json"]
+
+
+def test_a_save_while_prefetching_resumes_after_the_last_delivered_chunk(tmp_path):
+    def make():
+        buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(100),
+                                        sampler=StreamChunkSampler(2, 4, seed=0), batch_size=8)
+        buffer.extend(episodes([5, 7, 3, 6], generator=torch.Generator().manual_seed(0)))
+        return buffer
+
+    model, _ = make_model()
+    parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    expected = [chunk["index"] for chunk in (make().sample() for _ in range(4))]
+    buffer = make()
+    with ChunkPrefetcher(buffer.sample, depth=2) as chunks:
+        assert torch.equal(next(chunks)["index"], expected[0])
+        assert torch.equal(next(chunks)["index"], expected[1])
+        save_checkpoint(tmp_path, step=2, buffer=buffer, prefetcher=chunks, **parts)
+    with pytest.raises(ValueError, match="prefetcher does not draw from buffer's sampler"):
+        with ChunkPrefetcher(buffer.sample) as other:
+            save_checkpoint(tmp_path, step=3, buffer=make(), prefetcher=other, **parts)
+    resumed = make()
+    load_checkpoint(tmp_path, buffer=resumed, **parts)
+    for want in expected[2:]:  # not the chunks the prefetcher had drawn ahead
+        assert torch.equal(resumed.sample()["index"], want)
 
 
 def fail_on_rank_1(rank, world_size, out):

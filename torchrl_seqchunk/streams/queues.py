@@ -111,8 +111,9 @@ class _Streams:
 
     @staticmethod
     def layout(rows: list[list[_Segment]], seq_len: int):
-        """Slots, step-in-episode (-1 on padding) and episode ids of ``rows``, long ``[B, T]``;
-        a row short of ``seq_len`` (an epoch's stream that ran out) is padded."""
+        """Slots and step-in-episode (-1 on padding) of ``rows``, long ``[B, T]``, and the
+        episode id of every slot (a list, row after row); a row short of ``seq_len`` (an
+        epoch's stream that ran out) is padded."""
         pad_slot = int(next(piece.slots[0] for row in rows for piece in row))
         slots, steps, episodes = [], [], []
         for row in rows:
@@ -126,8 +127,7 @@ class _Streams:
                 steps += [-1] * missing
                 episodes += [-1] * missing
         shape = (len(rows), seq_len)
-        return (torch.cat(slots).view(shape), torch.tensor(steps).view(shape),
-                torch.tensor(episodes).view(shape))
+        return torch.cat(slots).view(shape), torch.tensor(steps).view(shape), episodes
 
     def drop_stale(self, log) -> None:
         """Drops every queued step rewritten since it was queued; an epoch left with

@@ -297,7 +297,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         index, step, episode = _Streams.layout(rows, self.seq_len)
         info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
         if self.episode_key is not None:
-            info[self.episode_key] = episode
+            info[self.episode_key] = torch.tensor(episode).view(step.shape)
         if self.step_key is not None:
             info[self.step_key] = step
         if not self.replacement:
