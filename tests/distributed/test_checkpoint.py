@@ -317,7 +317,8 @@ def test_a_save_while_prefetching_resumes_after_the_last_delivered_chunk(tmp_pat
 
     model, _ = make_model()
     parts = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
-    expected = [chunk["index"] for chunk in (make().sample() for _ in range(4))]
+    reference = make()
+    expected = [reference.sample()["index"] for _ in range(4)]
     buffer = make()
     with ChunkPrefetcher(buffer.sample, depth=2) as chunks:
         assert torch.equal(next(chunks)["index"], expected[0])
