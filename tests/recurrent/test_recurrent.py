@@ -504,10 +504,13 @@ def test_out_keys_list_exactly_what_each_mode_writes(kind, how):
     module = ResetRNN(make_rnn(kind), state_shape=STATE_SHAPE.get(kind))
     outputs, states = WRITTEN[kind]
     step = TensorDict({"embed": torch.randn(B, F), "is_first": torch.ones(B, 1, dtype=torch.bool)}, [B])
+    # a carrying pass also marks the chunk: its start state, at the root and for the next view
+    marks = module.start_keys + [("next", *k) if isinstance(k, tuple) else ("next", k) for k in module.start_keys]
+    marks += [("next", "is_first")]
     for td, sequence, expected in [
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),
         (step, False, outputs + states),
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),  # and back
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),  # and back
     ]:
         given = set(td.keys(True, True))
         mode = set_recurrent_mode(sequence) if how == "context" else contextlib.nullcontext()

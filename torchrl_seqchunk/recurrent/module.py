@@ -14,6 +14,7 @@ from torch import nn
 from torchrl.modules import recurrent_mode
 
 from .backends import _BACKEND_NAMES, _unroll
+from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
 
 __all__ = ["ResetRNN"]
@@ -41,8 +42,8 @@ class ResetRNN(TensorDictModuleBase):
       With ``carry=True`` the final state of every row is kept, detached
       (truncated BPTT), and used at ``t = 0`` of the next call where
       ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
-      (for a TensorDict state, every entry under ``(*out_key, name)``) and
-      nothing else: the per-step states are not written.
+      (for a TensorDict state, every entry under ``(*out_key, name)``) and, when
+      carrying, the chunk marks of the note below; the per-step states are not written.
     * **Step mode** (acting in a collector, any batch shape, every element one env):
       reads the previous state from the state keys, resets elements where ``is_first``,
       writes the state it used into the root state keys (so a replay buffer stores the
@@ -52,8 +53,16 @@ class ResetRNN(TensorDictModuleBase):
       where every row starts an episode (the very first step), elsewhere a
       missing state is an error rather than a silent restart from zeros.
 
-    :attr:`out_keys` lists what the current mode writes: the output entries in
-    sequence mode; those, the state keys and the ``("next", *state_key)`` keys in
+    .. note:: With ``carry=True`` only the first sequence pass over a chunk carries: it
+        writes the state it started from under :attr:`start_keys` (root and ``"next"``)
+        and sets ``("next", is_first_key)`` to ``is_first | ("next", is_first_key)``; a
+        later pass over that chunk or its ``step_mdp`` view (a target or next-value pass,
+        as in TorchRL's ``DQNLoss``) starts from that state, resets where the chunk's
+        episodes start and leaves the carry alone. :attr:`carried_state` takes and
+        restores the carry. See ``docs/howto/reset-rnn.md``.
+
+    :attr:`out_keys` lists what the current mode writes: the output entries (and the
+    chunk marks when carrying) in sequence mode; the output entries, the state keys and the ``("next", *state_key)`` keys in
     step mode. When the mode is inferred from the batch, it is the mode of the
     latest call (step mode before the first). As the list follows the mode,
     ``select_out_keys`` is not supported.
@@ -205,6 +214,11 @@ class ResetRNN(TensorDictModuleBase):
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        self.start_keys = self._entry_keys(start_key(state_key), names)
+        self._chunk_marks = [  # what a carrying pass writes besides its output
+            *self.start_keys, *(unravel_key(("next", k)) for k in self.start_keys),
+            unravel_key(("next", self.is_first_key)),
+        ]
         self.default_recurrent_mode = default_recurrent_mode
         self._ran_sequence = False  # mode of the latest call, for an inferred mode
         self._warned_inferred = False
@@ -237,7 +251,7 @@ class ResetRNN(TensorDictModuleBase):
         if sequence is None:
             sequence = self._ran_sequence
         if sequence:
-            return list(self._output_keys)
+            return [*self._output_keys, *(self._chunk_marks if self.carry else ())]
         return [*self._output_keys, *self.state_keys, *self._next_keys]
 
     # -- state helpers -------------------------------------------------------
@@ -280,6 +294,17 @@ class ResetRNN(TensorDictModuleBase):
             torch.where(mask.view(-1, *([1] * len(s))), i.detach(), c)
             for c, i, s in zip(self._carry, initial, self.state_shapes)
         )
+
+    @property
+    def carried_state(self) -> TensorDictBase | None:
+        """The state carried to the next chunk: ``None`` (none yet, or after :meth:`reset_carry`)
+        or a TensorDict with batch ``[B]`` (one row per stream) holding, under each of
+        :attr:`state_keys`, a detached ``[B, *S]`` tensor. Assign one (or ``None``) to restore it."""
+        return carry_as_tensordict(self._carry, self.state_keys)
+
+    @carried_state.setter
+    def carried_state(self, value) -> None:
+        self._carry = carry_from_tensordict(value, self.state_keys, self.state_shapes)
 
     def get_extra_state(self):
         return {"carry": None if self._carry is None else list(self._carry)}
@@ -342,7 +367,10 @@ class ResetRNN(TensorDictModuleBase):
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
-        if self.carry and self._carry is not None:
+        start = view_start(rows, self.start_keys) if self.carry else None
+        if start is not None:  # a view of a chunk already carried: same start, no carry
+            h0 = tuple(s.to(x.device, self._dtype) for s in start)
+        elif self.carry and self._carry is not None:
             if self._carry[0].shape[0] == batch:
                 h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
             elif not bool(reset[:, :1].all()):  # T = 0 is refused by _unroll
@@ -357,7 +385,7 @@ class ResetRNN(TensorDictModuleBase):
         else:
             reset_state = None if self.initial is None else tuple(self.initial)
         y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
-        if self.carry:
+        if self.carry and start is None:
             if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
                 raise ValueError(
                     "ResetRNN(carry=True) ran under a torch.func transform (vmap, grad, e.g. an "
@@ -367,6 +395,7 @@ class ResetRNN(TensorDictModuleBase):
                     "is_first, from the initial state or reset_state_key), or call it plainly."
                 )
             self._carry = tuple(h.detach() for h in h_last)
+            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key)
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
