@@ -128,3 +128,34 @@ def test_carried_state_can_be_taken_and_restored():
         rnn.carried_state = TensorDict({"recurrent_state": torch.zeros(B, H)}, [B])
     with pytest.raises(TypeError, match="carried_state"):
         rnn.carried_state = torch.zeros(B, 1, H)
+
+
+def test_a_plain_torchrl_collector_drives_a_reset_rnn_policy(recwarn):
+    """Auto-registration adds InitTracker("is_init") and the primer; step mode reads is_init."""
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv
+
+    torch.manual_seed(0)
+    rnn = ResetRNN(nn.GRUCell(4, H), in_key="observation")
+    head = nn.Linear(H, 2)
+    policy = TensorDictSequential(
+        rnn, TensorDictModule(lambda f: head(f).argmax(-1), ["features"], ["action"])
+    )
+    env = GymEnv("CartPole-v1")
+    env.set_seed(0)
+    collector = Collector(env, policy, frames_per_batch=60, total_frames=60,
+                          auto_register_policy_transforms=True)
+    rollout = next(iter(collector))
+    collector.shutdown()
+    assert not [w for w in recwarn if issubclass(w.category, (FutureWarning, UserWarning))], [
+        str(w.message) for w in recwarn
+    ]
+    starts = rollout["is_init"].squeeze(-1)
+    assert starts[0] and starts[1:].any()  # episodes started inside the batch
+    h = torch.zeros(H)
+    for t in range(rollout.shape[0]):  # per-step reference: zeros at is_init, else carried
+        h = torch.zeros(H) if starts[t] else h
+        torch.testing.assert_close(rollout["recurrent_state"][t], h)
+        with torch.no_grad():
+            h = rnn.rnn(rollout["observation"][t], h)
+        torch.testing.assert_close(rollout["next", "recurrent_state"][t], h)

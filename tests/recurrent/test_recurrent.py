@@ -753,13 +753,20 @@ def test_step_mode_refuses_a_missing_state_after_an_episode_start():
         lstm(partial)
 
 
-def test_step_mode_refuses_missing_flags_and_names_is_init():
+def test_step_mode_reads_is_init_then_is_first_and_refuses_missing_flags():
     module = ResetRNN(nn.GRUCell(F, H))
-    td = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
-    with pytest.raises(ValueError, match=r"'is_first', absent.*is_first_key='is_init'.*InitTracker\(init_key='is_first'\)"):
-        module(td)
-    # with the key TorchRL's collector writes, the same input runs
-    assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
+    td = TensorDict({"embed": torch.randn(3, F)}, [3])
+    with pytest.raises(ValueError, match=r"'is_init' \(or 'is_first'\), absent.*InitTracker\(\)"):
+        module(td.clone())
+    # TorchRL's InitTracker key, and ours where it is absent
+    h = torch.randn(3, H)
+    flags = torch.tensor([[True], [False], [False]])
+    for key in ("is_init", "is_first"):
+        out = module(td.clone().update({key: flags, "recurrent_state": h}))
+        torch.testing.assert_close(out["recurrent_state"][0], torch.zeros(H))
+        torch.testing.assert_close(out["recurrent_state"][1:], h[1:])
+    both = td.clone().update({"is_init": flags, "is_first": ~flags, "recurrent_state": h})
+    assert (module(both)["recurrent_state"][0] == 0).all()  # is_init wins
 
 
 def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():

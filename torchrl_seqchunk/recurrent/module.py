@@ -88,9 +88,12 @@ class ResetRNN(TensorDictModuleBase):
         out_key (NestedKey): output features ``[*batch, H_out]``, or the new
             state's entries under ``(*out_key, name)`` for a TensorDict state.
             Default ``"features"``.
-        is_first_key (NestedKey): reset flags ``[*batch]`` or ``[*batch, 1]``, any
-            dtype, non-zero resets (``"is_init"`` for TorchRL's ``InitTracker``).
-            Default ``"is_first"``.
+        is_first_key (NestedKey): sequence-mode reset flags ``[*batch]`` or
+            ``[*batch, 1]``, any dtype, non-zero resets, as the chunk and window makers
+            write them. Default ``"is_first"``.
+        init_key (NestedKey): step-mode reset flags, as TorchRL's ``InitTracker``
+            writes them (the collector adds one itself); where absent, step mode reads
+            ``is_first_key``. Default ``"is_init"``.
         state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
         reset_state_key (NestedKey, optional): sequence mode only: stored memory
             taken at reset steps instead of the initial state (reset-and-continue
@@ -170,6 +173,7 @@ class ResetRNN(TensorDictModuleBase):
         in_key="embed",
         out_key="features",
         is_first_key="is_first",
+        init_key="is_init",
         state_key="recurrent_state",
         reset_state_key=None,
         initial_state: str = "zeros",
@@ -204,13 +208,14 @@ class ResetRNN(TensorDictModuleBase):
         self.carry = bool(carry)
         self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
         self.is_first_key = unravel_key(is_first_key)
+        self.init_key = unravel_key(init_key)
         self.state_keys = self._entry_keys(state_key, names)
         self.reset_state_keys = (
             None if reset_state_key is None else self._entry_keys(reset_state_key, names)
         )
-        self.in_keys = [self.in_key, self.is_first_key, *self.state_keys] + [
-            k for k in self.reset_state_keys or [] if k not in self.state_keys
-        ]
+        self.in_keys = list(dict.fromkeys(
+            [self.in_key, self.is_first_key, self.init_key, *self.state_keys, *(self.reset_state_keys or [])]
+        ))
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
@@ -317,10 +322,11 @@ class ResetRNN(TensorDictModuleBase):
         """A TorchRL ``TensorDictPrimer`` declaring the state entries in the env specs.
 
         Append it to a ``TransformedEnv`` (single env, ``SerialEnv`` or
-        ``ParallelEnv``; shapes are expanded to the env batch) together with an
-        ``InitTracker(init_key=is_first_key)``, so that the state written to
+        ``ParallelEnv``; shapes are expanded to the env batch) together with
+        TorchRL's ``InitTracker()``, so that the state written to
         ``("next", *state_key)`` moves to the root at every step and is zeroed
-        at resets.
+        at resets; TorchRL's collector with ``auto_register_policy_transforms=True``
+        appends both itself.
         """
         from torchrl.data import Unbounded
         from torchrl.envs import TensorDictPrimer
@@ -411,13 +417,15 @@ class ResetRNN(TensorDictModuleBase):
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         initial = self._initial_state(batch, x.device)
-        is_first = rows.get(self.is_first_key, None)
+        is_first = rows.get(self.init_key, None)
+        if is_first is None:
+            is_first = rows.get(self.is_first_key, None)
         if is_first is None:
             raise ValueError(
-                f"step mode needs the episode-start flags {self.is_first_key!r}, absent from the "
-                f"input (its keys: {sorted(map(str, rows.keys(True, True)))}). TorchRL's "
-                "collector adds an InitTracker() writing 'is_init': pass is_first_key='is_init', "
-                f"or add InitTracker(init_key={self.is_first_key!r}) to the env."
+                f"step mode needs the episode-start flags {self.init_key!r} (or "
+                f"{self.is_first_key!r}), absent from the input (its keys: "
+                f"{sorted(map(str, rows.keys(True, True)))}). Add TorchRL's InitTracker() to the "
+                "env, or let the collector add it (auto_register_policy_transforms=True)."
             )
         reset = _reset_mask(is_first, (batch,), "is_first")
         keys = rows.keys(include_nested=True)
