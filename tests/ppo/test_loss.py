@@ -394,8 +394,8 @@ def test_in_keys_have_a_fixed_order():
     loss = RecurrentPPOLoss(actor, critic)
     assert loss.in_keys == [
         "action", "action_log_prob", "actor_state", "count_weight", "critic_state", "is_first",
-        ("next", "actor_state"), ("next", "done"), ("next", "is_first"), ("next", "obs"),
-        ("next", "reward"), ("next", "terminated"), "obs",
+        "is_init", ("next", "actor_state"), ("next", "done"), ("next", "is_first"),
+        ("next", "is_init"), ("next", "obs"), ("next", "reward"), ("next", "terminated"), "obs",
     ]
     loss.set_keys(is_first="is_init")
     assert "is_init" in loss.in_keys and loss.in_keys == sorted(
