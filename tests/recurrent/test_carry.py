@@ -159,3 +159,25 @@ def test_a_plain_torchrl_collector_drives_a_reset_rnn_policy(recwarn):
         with torch.no_grad():
             h = rnn.rnn(rollout["observation"][t], h)
         torch.testing.assert_close(rollout["next", "recurrent_state"][t], h)
+
+
+def test_a_separate_target_network_carries_its_own_state_or_is_named():
+    import copy
+
+    rb = episodes_buffer(3)
+    online, online_rnn = q_network()
+    target = copy.deepcopy(online)
+    chunk = rb.sample()
+    online(chunk)
+    with pytest.raises(ValueError, match="its own state_key"):
+        target(chunk)  # same state_key: it would take the online network's start state
+    target_rnn = ResetRNN(copy.deepcopy(online_rnn.rnn), in_key="observation",
+                          state_key="target_state", default_recurrent_mode=True)
+    for _ in range(2):
+        chunk = rb.sample()
+        online(chunk)
+        target_rnn(chunk)
+        target_rnn(chunk)  # a second target pass: same start, no second carry
+    # same weights, same chunks: each network carried the same state on its own
+    torch.testing.assert_close(target_rnn.carried_state["target_state"],
+                               online_rnn.carried_state["recurrent_state"])

@@ -8,37 +8,54 @@ chunk's episodes start (see ``docs/howto/reset-rnn.md``).
 """
 from __future__ import annotations
 
+import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 
 
-def start_key(state_key):
-    """Where a carrying pass writes the state it started from: ``state_key`` + ``"_start"``."""
+def start_key(state_key, suffix: str = "_start"):
+    """Where a carrying pass writes the state it started from: ``state_key`` + ``"_start"``
+    (and the module that wrote it: ``state_key`` + ``"_start_by"``)."""
     key = unravel_key(state_key)
     if isinstance(key, str):
-        return f"{key}_start"
-    return (*key[:-1], f"{key[-1]}_start")
+        return f"{key}{suffix}"
+    return (*key[:-1], f"{key[-1]}{suffix}")
 
 
-def view_start(rows: TensorDictBase, keys: list) -> tuple | None:
-    """The start state ``[B, *S]`` per entry of a chunk view (``rows[keys]`` ``[B, T, *S]``), or ``None``."""
-    found = [rows.get(key, None) for key in keys]
-    if found[0] is None:
+def view_start(rows: TensorDictBase, keys: list, token_key, token: int) -> tuple | None:
+    """The start state ``[B, *S]`` per entry of a chunk this module marked, or ``None``.
+
+    Raises ``ValueError`` for a chunk another module marked under the same keys.
+    """
+    owner = rows.get(token_key, None)
+    if owner is None:
         return None
-    return tuple(value[:, 0] for value in found)
+    if owner.numel() and int(owner.reshape(-1)[0]) != token:
+        raise ValueError(
+            f"another carrying ResetRNN already ran on this chunk under the same state keys "
+            f"({token_key!r} is its mark): two modules with one state_key (e.g. a target network "
+            "deep-copied from the online one) would share their start state. Give each carrying "
+            "ResetRNN its own state_key (e.g. state_key='target_state')."
+        )
+    return tuple(rows.get(key)[:, 0] for key in keys)
 
 
-def mark_chunk(tensordict: TensorDictBase, keys: list, h0: tuple, is_first_key) -> None:
-    """Write the start state under ``keys`` (root and ``"next"``) and the next view's reset flags.
+def mark_chunk(tensordict: TensorDictBase, keys: list, h0: tuple, is_first_key, token_key, token: int) -> None:
+    """Write the start state under ``keys`` and ``token`` under ``token_key`` (root and ``"next"``),
+    and the next view's reset flags.
 
     The start entries are expanded views ``[*batch, *S]`` (no copy). The next view's flags
     ``("next", is_first_key)`` become ``root | ("next", is_first_key)``, TorchRL's rule in its
     value estimators: the next observation ``t`` starts a memory where step ``t`` does.
     """
     shape = tensordict.shape
-    for key, h in zip(keys, h0):
-        start = h.reshape(*shape[:-1], 1, *h.shape[1:]).expand(*shape, *h.shape[1:])
-        tensordict.set(key, start)
-        tensordict.set(unravel_key(("next", key)), start)
+    owner = torch.full((), token, dtype=torch.int64, device=h0[0].device).expand(shape)
+    entries = [(token_key, owner)] + [
+        (key, h.reshape(*shape[:-1], 1, *h.shape[1:]).expand(*shape, *h.shape[1:]))
+        for key, h in zip(keys, h0)
+    ]
+    for key, value in entries:
+        tensordict.set(key, value)
+        tensordict.set(unravel_key(("next", key)), value)
     flags = tensordict.get(is_first_key)
     next_key = unravel_key(("next", is_first_key))
     previous = tensordict.get(next_key, None)

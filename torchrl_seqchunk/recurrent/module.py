@@ -189,8 +189,10 @@ class ResetRNN(TensorDictModuleBase):
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
         self.start_keys = self._entry_keys(start_key(state_key), names)
-        self._chunk_marks = [  # what a carrying pass writes besides its output
-            *self.start_keys, *(unravel_key(("next", k)) for k in self.start_keys),
+        self._start_token_key = unravel_key(start_key(state_key, "_start_by"))
+        marks = [self._start_token_key, *self.start_keys]
+        self.chunk_mark_keys = [  # what a carrying pass writes besides its output
+            *marks, *(unravel_key(("next", k)) for k in marks),
             unravel_key(("next", self.is_first_key)),
         ]
         self.default_recurrent_mode = default_recurrent_mode
@@ -225,7 +227,7 @@ class ResetRNN(TensorDictModuleBase):
         if sequence is None:
             sequence = self._ran_sequence
         if sequence:
-            return [*self._output_keys, *(self._chunk_marks if self.carry else ())]
+            return [*self._output_keys, *(self.chunk_mark_keys if self.carry else ())]
         return [*self._output_keys, *self.state_keys, *self._next_keys]
 
     # -- state helpers -------------------------------------------------------
@@ -342,7 +344,7 @@ class ResetRNN(TensorDictModuleBase):
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
-        start = view_start(rows, self.start_keys) if self.carry else None
+        start = view_start(rows, self.start_keys, self._start_token_key, id(self)) if self.carry else None
         if start is not None:  # a view of a chunk already carried: same start, no carry
             h0 = tuple(s.to(x.device, self._dtype) for s in start)
         elif self.carry and self._carry is not None:
@@ -370,7 +372,7 @@ class ResetRNN(TensorDictModuleBase):
                     "is_first, from the initial state or reset_state_key), or call it plainly."
                 )
             self._carry = tuple(h.detach() for h in h_last)
-            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key)
+            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, self._start_token_key, id(self))
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
