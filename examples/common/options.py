@@ -92,7 +92,8 @@ def gym_id(name: str, value: str) -> str:
             importlib.import_module(module)
         gym.spec(env_id)
     except ModuleNotFoundError as err:
-        raise ValueError(f"{flag(name)} {value}: cannot import {err.name!r} (an optional extra, such as popgym?)") from None
+        raise ValueError(f"{flag(name)} {value}: cannot import {err.name!r} "
+                         "(an optional extra, such as popgym?)") from None
     except gym.error.Error as err:
         raise ValueError(f"{flag(name)} {value}: {err} Give a registered gymnasium id such as CartPole-v1, or "
                          "'module:Id' for an id that a module registers (popgym:popgym-RepeatFirstEasy-v0).") from None
