@@ -24,6 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import GRUModule
 
+from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from torchrl_seqchunk import MinGRUCell, ResetRNN
 
 PRESETS = {
@@ -56,12 +57,17 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 by default: stable figures on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    preset = PRESETS["quick" if args.quick else args.preset]
-    for name, value in preset.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
+    preset_sizes = {"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1, "warmup": 0}
+
+    def fill_preset(args):  # sizes not given come from the preset, then every size is checked
+        for name, value in PRESETS["quick" if args.quick else args.preset].items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        for name, low in preset_sizes.items():
+            options.integer(name, getattr(args, name), low)
+        options.real("reset_every", args.reset_every, 1.0)
+
+    return options.parse(parser, argv, ints={"threads": 1, "seed": 0}, devices=["device"], check=fill_preset)
 
 
 def cell_loop(cell, x, is_first):
