@@ -27,13 +27,13 @@ import argparse
 import csv
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import toolkit  # noqa: F401  benchmarks/toolkit.py: puts examples/ on the path
 from bench_sampler import fill  # benchmarks/bench_sampler.py
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -41,9 +41,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-from distributed_ppo import join_loopback_group, loopback_store  # examples/distributed_ppo.py  # noqa: E402
+from common.loopback import join_loopback_group, loopback_store  # noqa: E402  examples/common, through toolkit
 
 
 def parse_args(argv=None):

@@ -37,18 +37,24 @@ import importlib.util
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from bench_learning import load_main_job, run_ours, run_sb3  # benchmarks/bench_learning.py
+from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
+from timing import seconds_per_call  # benchmarks/timing.py
+from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs import SerialEnv
 from tqdm import tqdm
 
-from torchrl_seqchunk import ResetRNN, make_windows
+from torchrl_seqchunk import ResetRNN
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
+
+from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
+from common.batching import make_batching  # noqa: E402
+from common.envs import make_acting_env, make_env  # noqa: E402
+from common.ppo import add_advantages, update  # noqa: E402
 
 TASK = "CartPole-v1"
 
@@ -136,43 +142,38 @@ def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
     optim.step()
 
 
-def collect_and_update(job, cfg, frames: int) -> dict[str, float]:
+def collect_and_update(cfg, frames: int) -> dict[str, float]:
     """The collector's frames/s with the agent, and the update's seconds beside the plain compute."""
-    actor, critic, rnns = job.make_agent(cfg, job.make_env(cfg))
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
-    env = job.make_acting_env(cfg, rnns, cfg.seed)
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = Collector(env, TensorDictSequential(actor, critic), frames_per_batch=per_batch,
-                          total_frames=per_batch * (1 + max(1, frames // per_batch)), device=cfg.device,
-                          auto_register_policy_transforms=False)
+    collector = Collector(make_acting_env(cfg, rnns, cfg.seed), TensorDictSequential(actor, critic),
+                          frames_per_batch=per_batch, total_frames=per_batch * (1 + max(1, frames // per_batch)),
+                          device=cfg.device, auto_register_policy_transforms=False)
     batches = iter(collector)
     next(batches)  # warm-up
     start = time.perf_counter()
-    rollouts = [rollout for rollout in batches]
+    rollouts = list(batches)
     collect_fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
     collector.shutdown()
     torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
 
-    rollout = job.add_advantages(cfg, critic, rollouts[-1])
-    memory_keys = [k for rnn in rnns for k in rnn.state_keys]
-    windows = make_windows(rollout, cfg.window, stride=cfg.stride, memory_key=memory_keys)
-    steps = [windows[idx] for _ in range(cfg.epochs) for idx in torch.randperm(windows.shape[0]).chunk(cfg.minibatches)]
-    loss = job.make_loss(cfg, actor, critic)
+    batching = make_batching(cfg, rnns, per_batch)
+    steps = batching.batches(add_advantages(cfg, critic, rollouts[-1]))
+    loss = batching.make_loss(actor, critic)
     optim = torch.optim.Adam(loss.parameters(), lr=cfg.lr, eps=1e-5)
-    networks = [plain_modules(actor), plain_modules(critic)]
-    params = list(loss.parameters())
-    job.update(cfg, loss, optim, steps[:2])  # warm-up
-    plain = []
-    for step in steps[:2]:
-        plain_step(networks, step, params, optim, cfg.max_grad_norm)
-    start = time.perf_counter()
-    job.update(cfg, loss, optim, steps)
-    update_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for step in steps:
-        plain_step(networks, step, params, optim, cfg.max_grad_norm)
-    plain_s = time.perf_counter() - start
-    return {"collect_fps": collect_fps, "update_s": update_s, "compute_s": plain_s, "steps": len(steps)}
+    networks, params = [plain_modules(actor), plain_modules(critic)], list(loss.parameters())
+
+    def job_update(batches):
+        update(loss, optim, batches, weight=batching.weight, max_grad_norm=cfg.max_grad_norm)
+
+    def plain_update(batches):
+        for batch in batches:
+            plain_step(networks, batch, params, optim, cfg.max_grad_norm)
+
+    job_update(steps[:2]), plain_update(steps[:2])  # warm-up
+    update_s, compute_s = seconds_per_call(lambda: job_update(steps)), seconds_per_call(lambda: plain_update(steps))
+    return {"collect_fps": collect_fps, "update_s": update_s, "compute_s": compute_s, "steps": len(steps)}
 
 
 def main(argv=None) -> dict[str, float]:
@@ -186,8 +187,7 @@ def main(argv=None) -> dict[str, float]:
             ratios[name] = value
         return value
 
-    job = load_main_job()
-    cfg = job.Config(device=args.device, seed=args.seed, progress=False)
+    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False)
     has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
     popgym = [name for name in args.popgym.split(",") if name]
     bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")
@@ -202,7 +202,7 @@ def main(argv=None) -> dict[str, float]:
     record("vector_env_vs_env_limit", env_fps["vector"] / env_fps["raw"], "ratio")
     bar.update()
 
-    measured = collect_and_update(job, cfg, args.env_frames)
+    measured = collect_and_update(cfg, args.env_frames)
     record("collect_fps", measured["collect_fps"], "frames/s", "Collector, the job's acting env and policy")
     record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
     record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")

@@ -10,10 +10,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "examples"))
 
 import bench_prefetch  # noqa: E402
-from distributed_ppo import loopback_store  # noqa: E402
+from common.loopback import loopback_store  # noqa: E402  examples/common, on the path through toolkit
 
 
 def gpu_sh(*args: str) -> subprocess.CompletedProcess:

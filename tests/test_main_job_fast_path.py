@@ -11,7 +11,11 @@ from torchrl.collectors import Collector
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_learning import load_main_job  # noqa: E402
+from toolkit import load_main_job  # noqa: E402  benchmarks/toolkit.py
+
+from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
+from common.envs import make_acting_env, make_env  # noqa: E402
+from common.ppo import next_values  # noqa: E402
 
 job = load_main_job()
 
@@ -32,12 +36,12 @@ def test_vector_and_serial_main_jobs_learn_alike(tmp_path):
 def test_next_values_are_the_per_step_critic_values():
     # short episodes (TimeLimit 14) put truncations and terminations inside the rollout
     cfg = job.Config(max_episode_steps=14, num_envs=4, rollout_len=24, progress=False)
-    actor, critic, rnns = job.make_agent(cfg, job.make_env(cfg))
-    collector = Collector(job.make_acting_env(cfg, rnns, 3), TensorDictSequential(actor, critic),
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    collector = Collector(make_acting_env(cfg, rnns, 3), TensorDictSequential(actor, critic),
                           frames_per_batch=96, total_frames=192, auto_register_policy_transforms=False)
     rollout = list(collector)[-1]  # the second rollout starts from carried memory
     collector.shutdown()
     assert rollout["next", "truncated"][:, :-1].any() and rollout["next", "terminated"].any()
     with torch.no_grad():  # the reference: the critic's step on every next observation
         want = critic(rollout["next"].reshape(-1).clone())["state_value"].view(4, 24, 1)
-    torch.testing.assert_close(job.next_values(critic, rollout), want)
+    torch.testing.assert_close(next_values(critic, rollout), want)

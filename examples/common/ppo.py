@@ -1,0 +1,67 @@
+"""The PPO steps both main jobs share: advantages, the update and the schedules."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from torchrl_seqchunk import boundary_gae
+
+LOGGED = ("loss_objective", "loss_critic", "entropy", "clip_fraction", "kl_approx")
+
+
+def next_values(critic, rollout: TensorDictBase) -> torch.Tensor:
+    """V(next observation) under the memory held after each step, ``[num_envs, T, 1]``.
+
+    Where the episode goes on, that is the next step's own value, computed when acting;
+    the critic runs (step mode) only on the next observations of the steps that end an
+    episode (a truncation bootstraps from it) and of each row's last step."""
+    values = rollout["state_value"].roll(-1, dims=-2)  # V(s_{t+1}); the last column is replaced
+    ends = rollout["next", "done"].squeeze(-1).clone()  # [num_envs, T]
+    ends[..., -1] = True
+    with torch.no_grad():
+        values[ends] = critic(rollout["next"][ends])["state_value"]
+    return values
+
+
+def add_advantages(cfg, critic, rollout: TensorDictBase, *, standardize: bool = False) -> TensorDictBase:
+    """Writes "advantage" and "value_target" into a rollout [num_envs, T] (advantages
+    standardized over the rollout with ``standardize``) and returns it."""
+    rollout["next", "state_value"] = next_values(critic, rollout)
+    boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
+    if standardize:
+        advantage = rollout["advantage"]
+        rollout["advantage"] = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-8)
+    return rollout
+
+
+def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDictBase], *, weight,
+           max_grad_norm: float) -> TensorDictBase:
+    """One PPO gradient step per batch (its loss times ``weight(batch)``); returns the mean of the logged losses."""
+    logs = []
+    for batch in batches:
+        loss = loss_module(batch)
+        total = (loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]) * weight(batch)
+        optim.zero_grad()
+        total.backward()
+        nn.utils.clip_grad_norm_(loss_module.parameters(), max_grad_norm)
+        optim.step()
+        logs.append(loss.detach().select(*LOGGED))
+    return torch.stack(logs).mean()
+
+
+def anneal(cfg, optim: torch.optim.Optimizer, loss_module, remaining: float) -> None:
+    """Linear schedules, 1 -> 0 as `remaining` goes from 1 to 0."""
+    if cfg.anneal_lr:
+        for group in optim.param_groups:
+            group["lr"] = cfg.lr * remaining
+    if cfg.anneal_clip:
+        loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
+
+
+def finished_returns(steps: TensorDictBase) -> list[float]:
+    """The raw returns of the episodes that end in `steps` (any batch shape)."""
+    done = steps["next", "done"].squeeze(-1)
+    return steps["next", "episode_reward"][done].squeeze(-1).tolist()
