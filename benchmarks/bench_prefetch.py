@@ -24,7 +24,6 @@ Writes ``--out``/prefetch.csv (name, value, unit, note).
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import time
@@ -32,16 +31,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import toolkit  # noqa: F401  benchmarks/toolkit.py: puts examples/ on the path
 from bench_sampler import fill  # benchmarks/bench_sampler.py
+from timing import rank_zero_result, write_figures  # benchmarks/timing.py
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-from common.loopback import join_loopback_group, loopback_store  # noqa: E402  examples/common, through toolkit
+from common.loopback import join_loopback_group  # noqa: E402  examples/common, through toolkit
 
 
 def parse_args(argv=None):
@@ -154,14 +153,6 @@ def ddp_rank(rank: int, world_size: int, port: int, args, results) -> None:
     dist.destroy_process_group()
 
 
-def ddp_chunks_per_s(world_size: int, args) -> float:
-    results = mp.get_context("spawn").SimpleQueue()
-    store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1
-    mp.start_processes(ddp_rank, args=(world_size, store.port, args, results), nprocs=world_size,
-                       start_method="spawn")
-    return results.get()
-
-
 def main(argv=None) -> dict[str, float]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -192,7 +183,7 @@ def main(argv=None) -> dict[str, float]:
                   i / p for i, p in zip(times["inline"], times["prefetched"])), "ratio", "steps/s, prefetched / inline")}
     record("copy_GBps", copy_bandwidth(rb, device), "GB/s", f"one chunk {'pinned ' if device.type == 'cuda' else ''}to {device}")
     if args.ddp_ranks > 1:
-        one, many = ddp_chunks_per_s(1, args), ddp_chunks_per_s(args.ddp_ranks, args)
+        one, many = rank_zero_result(ddp_rank, 1, args), rank_zero_result(ddp_rank, args.ddp_ranks, args)
         backend = "nccl" if device.type == "cuda" else "gloo"
         record("ddp_chunks_per_s_1", one, "chunks/s", f"1 {backend} rank")
         record(f"ddp_chunks_per_s_{args.ddp_ranks}", many, "chunks/s", f"{args.ddp_ranks} {backend} ranks")
@@ -200,14 +191,7 @@ def main(argv=None) -> dict[str, float]:
     for row in rows:
         if row["unit"] != "ratio" and row["name"] not in ratios:
             print(f"{row['name']:>20}: {row['value']:10.3f} {row['unit']}  {row['note']}")
-    for name, value in ratios.items():
-        print(f"RATIO {name} {value:.3f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "prefetch.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["name", "value", "unit", "note"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_figures(rows, ratios, Path(args.out) / "prefetch.csv")
     return ratios
 
 

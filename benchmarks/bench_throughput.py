@@ -32,7 +32,6 @@ Writes ``--out``/throughput.csv (name, value, unit, note).
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from pathlib import Path
 import torch
 from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
-from timing import seconds_per_call  # benchmarks/timing.py
+from timing import seconds_per_call, write_figures  # benchmarks/timing.py
 from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
@@ -236,14 +235,7 @@ def main(argv=None) -> dict[str, float]:
     for row in rows:
         if row["unit"] != "ratio":
             print(f"{row['name']:>36}: {row['value']:10.2f} {row['unit']}  {row['note']}")
-    for name, value in ratios.items():
-        print(f"RATIO {name} {value:.3f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "throughput.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["name", "value", "unit", "note"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_figures(rows, ratios, Path(args.out) / "throughput.csv")
     return ratios
 
 
