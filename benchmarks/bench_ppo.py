@@ -12,6 +12,12 @@
    ``RATIO gae_vs_python_loop`` is the ratio of the fastest rounds (goal <= 0.05).
    For context it also times TorchRL's loop and vectorised GAE kernels on the
    same flags.
+3. One RecurrentPPOLoss call (forward + backward, ``reset_continue``) on the main
+   job's update batch, ``--update-windows`` windows of ``--update-window`` steps with
+   GRU actor and critic of ``--update-hidden`` units, against the plain forward and
+   backward of the same networks (``nn.GRU`` on the same tensors, no resets, the
+   same heads and a surrogate of the same terms): ``RATIO loss_vs_compute_limit``,
+   the ratio of the fastest rounds (the loss's overhead over its arithmetic).
 
     python benchmarks/bench_ppo.py
 """
@@ -49,6 +55,10 @@ def parse_args():
     parser.add_argument("--episode-length", type=float, default=20.0, help="mean episode length")
     parser.add_argument("--envs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=256)
+    parser.add_argument("--update-windows", type=int, default=8)
+    parser.add_argument("--update-window", type=int, default=32)
+    parser.add_argument("--update-hidden", type=int, default=64)
+    parser.add_argument("--update-obs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier)")
@@ -130,6 +140,43 @@ def python_loop_gae(td, gamma, lmbda):
     return advantage
 
 
+def loss_against_compute(args, generator):
+    """Fastest-round seconds of one loss call and of the plain compute it contains."""
+    sizes = argparse.Namespace(**{**vars(args), "obs": args.update_obs, "hidden": args.update_hidden})
+    rollout = random_rollout(args.update_windows, args.update_window, sizes, generator)
+    rollout["advantage"] = torch.randn(*rollout.batch_size, 1, generator=generator)
+    rollout["value_target"] = torch.randn(*rollout.batch_size, 1, generator=generator)
+    windows = make_windows(rollout, args.update_window, memory_key=["actor_state", "critic_state"])
+    loss = build_losses(sizes)["reset_continue"]
+    actor_gru, critic_gru = loss.actor_network[0].rnn, loss.critic_network[0].rnn
+    actor_head, critic_head = loss.actor_network[1].module, loss.critic_network[1].module
+    x, action = windows["obs"], windows["action"]
+    advantage, target = windows["advantage"].squeeze(-1), windows["value_target"]
+    old_log_prob = windows["action_log_prob"]
+
+    def call_loss():
+        out = loss(windows)
+        (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]).backward()
+
+    def plain():
+        dist = torch.distributions.Categorical(logits=actor_head(actor_gru(x)[0]))
+        ratio = (dist.log_prob(action) - old_log_prob).exp()
+        objective = -torch.min(ratio * advantage, ratio.clamp(0.8, 1.2) * advantage).mean()
+        critic = nn.functional.smooth_l1_loss(critic_head(critic_gru(x)[0]), target)
+        (objective + critic - 0.01 * dist.entropy().mean()).backward()
+
+    times = {"loss": [], "plain": []}
+    for round_ in range(args.warmup + args.rounds):
+        for name, fn in (("loss", call_loss), ("plain", plain)):
+            elapsed = seconds_per_call(fn)
+            if round_ >= args.warmup:
+                times[name].append(elapsed)
+    print(f"update batch {tuple(windows.batch_size)}, two GRU-{args.update_hidden}, fastest / median round:")
+    for name, values in times.items():
+        print(f"{name:>20}: {1e3 * min(values):.2f} / {1e3 * statistics.median(values):.2f} ms forward+backward")
+    return min(times["loss"]) / min(times["plain"])
+
+
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -191,8 +238,10 @@ def main():
     print(f"advantages on {tuple(td.batch_size)}, fastest / median round:")
     for name, values in gae_times.items():
         print(f"{name:>20}: {1e3 * min(values):.2f} / {1e3 * statistics.median(values):.2f} ms")
+    update_ratio = loss_against_compute(args, generator)
     print(f"RATIO reset_continue_vs_mask {ratio:.3f}")
     print(f"RATIO gae_vs_python_loop {gae_ratio:.3f}")
+    print(f"RATIO loss_vs_compute_limit {update_ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@ Every candidate runs once per round, in turn, on the same input and reset flags
 script prints the median of the per-round ratios as ``RATIO <name> <value>``
 (lower is better for ResetRNN), and the median times in milliseconds.
 
-    python benchmarks/bench_recurrent.py                       # CPU, B=32, T=64
-    python benchmarks/bench_recurrent.py --device cuda --batch 256
-
-Anchors: ``nn.GRU`` / ``nn.LSTM`` without resets (the speed of light), TorchRL's
+Candidates: ``ResetRNN`` over ``nn.GRU`` and ``nn.LSTM`` on every backend that runs
+them (``auto``, ``loop``, ``packed``), a ``MinGRUCell`` on ``scan``; anchors:
+``nn.GRU`` / ``nn.LSTM`` without resets (cuDNN on CUDA: the speed of light), TorchRL's
 ``GRUModule`` in recurrent mode with ``is_init`` at the same steps, and a plain
 ``nn.GRUCell`` loop with ``torch.where``.
+
+    python benchmarks/bench_recurrent.py                        # CPU, B=32, T=64, H=256
+    python benchmarks/bench_recurrent.py --preset gpu --device cuda   # B=64, T=64, H=512
+    python benchmarks/bench_recurrent.py --quick                # same code paths, seconds on CPU
 """
 import argparse
 import statistics
@@ -21,28 +24,44 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import GRUModule
 
-from torchrl_seqchunk import ResetRNN
-
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 
+from torchrl_seqchunk import MinGRUCell, ResetRNN
 
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--time", type=int, default=64)
-    parser.add_argument("--input", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--reset-every", type=float, default=20.0, help="mean steps between resets")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument(
-        "--threads", type=int, default=1,
-        help="torch CPU threads (1 by default: stable figures on a shared machine)",
+PRESETS = {
+    # B, T, input, hidden, mean steps between resets, rounds, warmup
+    "cpu": dict(batch=32, time=64, input=64, hidden=256, reset_every=20.0, rounds=30, warmup=3),
+    "gpu": dict(batch=64, time=64, input=512, hidden=512, reset_every=200.0, rounds=30, warmup=5),
+    "quick": dict(batch=4, time=16, input=8, hidden=16, reset_every=5.0, rounds=2, warmup=1),
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Sizes default to the preset; any size flag given overrides it.",
     )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where everything runs (default cpu; cuda: cuDNN anchors, auto picks packed)")
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS),
+                        help="cpu: B=32 T=64 H=256, resets every 20 steps; gpu: B=64 T=64 H=512, "
+                             "resets every 200 steps (an episode of a few hundred steps); quick: "
+                             "tiny sizes, 2 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help="the quick preset: every code path in seconds on CPU (for CI)")
+    for flag, kind, text in [
+        ("--batch", int, "rows B"), ("--time", int, "steps T"), ("--input", int, "input features"),
+        ("--hidden", int, "hidden units H"), ("--reset-every", float, "mean steps between resets"),
+        ("--rounds", int, "timed rounds"), ("--warmup", int, "untimed rounds first"),
+    ]:
+        parser.add_argument(flag, type=kind, default=None, help=f"{text} (default: the preset's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1 by default: stable figures on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
-    return options.parse(parser, ints={"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1, "warmup": 0,
-                                       "threads": 1, "seed": 0},
+    chosen = parser.parse_known_args(argv)[0]  # the preset gives the sizes not given
+    parser.set_defaults(**PRESETS["quick" if chosen.quick else chosen.preset])
+    return options.parse(parser, argv, ints={"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1,
+                                             "warmup": 0, "threads": 1, "seed": 0},
                          reals={"reset_every": (1.0, None)}, devices=["device"])
 
 
@@ -67,9 +86,11 @@ def build(args, device):
     cell = nn.GRUCell(args.input, args.hidden).to(device)
     cell.load_state_dict({k[: -len("_l0")]: v for k, v in gru.state_dict().items()})
     chunk = TensorDict({"embed": x, "is_first": is_first}, [b, t])
-    reset_gru = ResetRNN(gru, carry=False, default_recurrent_mode=True)  # backend "auto": loop on CPU, packed on CUDA
-    packed_gru = ResetRNN(gru, carry=False, default_recurrent_mode=True, backend="packed")
-    reset_lstm = ResetRNN(lstm, carry=False, default_recurrent_mode=True)
+
+    def reset_rnn(rnn, backend):
+        module = ResetRNN(rnn, carry=False, default_recurrent_mode=True, backend=backend)
+        return lambda: module(chunk.copy())["features"]
+
     torchrl_gru = GRUModule(
         gru=gru, in_keys=["embed", "rs", "is_init"], out_keys=["features", ("next", "rs")],
         default_recurrent_mode=True,
@@ -78,21 +99,22 @@ def build(args, device):
         {"embed": x, "is_init": is_first, "rs": torch.zeros(b, t, 1, args.hidden, device=device)},
         [b, t],
     )
-    return {
-        "gru_noreset": lambda: gru(x)[0],
-        "lstm_noreset": lambda: lstm(x)[0],
-        "resetrnn": lambda: reset_gru(chunk.copy())["features"],
-        "resetrnn_packed": lambda: packed_gru(chunk.copy())["features"],
-        "resetrnn_lstm": lambda: reset_lstm(chunk.copy())["features"],
-        "torchrl_grumodule": lambda: torchrl_gru(torchrl_chunk.copy())["features"],
-        "cell_loop": lambda: cell_loop(cell, x, is_first),
-    }
+    candidates = {"gru_noreset": lambda: gru(x)[0], "lstm_noreset": lambda: lstm(x)[0]}
+    for backend in ("auto", "loop", "packed"):
+        candidates[f"gru_{backend}"] = reset_rnn(gru, backend)
+        candidates[f"lstm_{backend}"] = reset_rnn(lstm, backend)
+    candidates["mingru_scan"] = reset_rnn(MinGRUCell(args.input, args.hidden).to(device), "scan")
+    candidates["torchrl_grumodule"] = lambda: torchrl_gru(torchrl_chunk.copy())["features"]
+    candidates["cell_loop"] = lambda: cell_loop(cell, x, is_first)
+    return candidates
 
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible; run with --device cpu.")
     candidates = build(args, device)
 
     def run(forward):
@@ -112,23 +134,28 @@ def main():
         for name, forward in candidates.items():
             times[name].append(run(forward))
 
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
-        f"# device={device} B={args.batch} T={args.time} input={args.input} "
+        f"# device={device} ({name}) B={args.batch} T={args.time} input={args.input} "
         f"hidden={args.hidden} reset_every={args.reset_every} threads={torch.get_num_threads()} "
         f"rounds={args.rounds}"
     )
-    for name, values in times.items():
-        print(f"# {name:20s} {1e3 * statistics.median(values):8.2f} ms")
+    for key, values in times.items():
+        print(f"# {key:20s} {1e3 * statistics.median(values):8.2f} ms")
 
-    def ratio(name, a, b):
+    def ratio(label, a, b):
         value = statistics.median(x / y for x, y in zip(times[a], times[b]))
-        print(f"RATIO {name} {value:.3f}")
+        print(f"RATIO {label} {value:.3f}")
 
-    ratio("resetrnn_vs_gru_noreset", "resetrnn", "gru_noreset")
-    ratio("resetrnn_vs_torchrl_grumodule", "resetrnn", "torchrl_grumodule")
-    ratio("resetrnn_vs_cell_loop", "resetrnn", "cell_loop")
-    ratio("resetrnn_lstm_vs_lstm_noreset", "resetrnn_lstm", "lstm_noreset")
-    ratio("resetrnn_packed_vs_gru_noreset", "resetrnn_packed", "gru_noreset")
+    ratio("resetrnn_vs_gru_noreset", "gru_auto", "gru_noreset")
+    ratio("resetrnn_vs_torchrl_grumodule", "gru_auto", "torchrl_grumodule")
+    ratio("resetrnn_vs_cell_loop", "gru_auto", "cell_loop")
+    ratio("resetrnn_lstm_vs_lstm_noreset", "lstm_auto", "lstm_noreset")
+    ratio("resetrnn_packed_vs_gru_noreset", "gru_packed", "gru_noreset")
+    for backend in ("loop", "packed"):
+        ratio(f"resetrnn_gru_{backend}_vs_gru_noreset", f"gru_{backend}", "gru_noreset")
+        ratio(f"resetrnn_lstm_{backend}_vs_lstm_noreset", f"lstm_{backend}", "lstm_noreset")
+    ratio("resetrnn_mingru_scan_vs_gru_noreset", "mingru_scan", "gru_noreset")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accelerator's figures in one run (about 5 minutes on one GPU), every benchmark on --device:
-#   1. bench_recurrent.py: ResetRNN (every backend, GRU and LSTM; B=64, T=64, H=512, a reset
-#      every 100 steps on average) against cuDNN nn.GRU / nn.LSTM without resets;
+#   1. bench_recurrent.py --preset gpu: ResetRNN (every backend, GRU and LSTM; B=64, T=64,
+#      H=512, a reset every 200 steps on average) against cuDNN nn.GRU / nn.LSTM without resets;
 #   2. bench_prefetch.py: ChunkPrefetcher moving uint8 chunks [16, 64, 1, 64, 64] to the device
 #      (pinned memory), the trainer's wait fraction; NCCL learners when there are 2+ GPUs;
 #   3. the main job (examples/recurrent_ppo.py) for 20,480 frames on the device.
@@ -41,11 +41,11 @@ case "$DEVICE" in
 esac
 
 if [ "$QUICK" -eq 1 ]; then
-  RECURRENT=(--batch 8 --time 16 --input 16 --hidden 32 --rounds 2 --warmup 1)
+  RECURRENT=(--quick)
   PREFETCH=(--quick)
   FRAMES=256
 else
-  RECURRENT=(--batch 64 --time 64 --input 512 --hidden 512 --reset-every 100 --rounds 20)
+  RECURRENT=(--preset gpu --rounds 20)
   PREFETCH=()
   FRAMES=20480
 fi

@@ -198,6 +198,7 @@ def sparse_flags():
 @pytest.mark.parametrize("flags", [random_flags, sparse_flags], ids=["dense", "sparse"])
 @pytest.mark.parametrize("stored", [False, True], ids=["zeros", "stored"])
 @pytest.mark.parametrize("kind,backend", CASES)
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN:UserWarning")
 def test_backend_matches_reference(kind, backend, stored, flags):
     rnn = make_rnn(kind)
     shapes = state_shapes(rnn)
@@ -303,7 +304,7 @@ def test_under_no_grad():
             y, (h, c) = rnn_with_resets(rnn, x, is_first, backend=backend)
         assert y.grad_fn is None and h.grad_fn is None
         torch.testing.assert_close(y, y_ref.detach(), atol=1e-6, rtol=0)
-    module = ResetRNN(MinGRUCell(F, H))
+    module = ResetRNN(MinGRUCell(F, H), default_recurrent_mode=True)
     with torch.no_grad():
         out = module(TensorDict({"embed": x, "is_first": is_first}, [B, T]))
     assert out["features"].grad_fn is None and module._carry[0].shape == (B, H)
@@ -378,9 +379,9 @@ def test_carry_equals_one_long_call(kind, reset_at_start):
     rnn = make_rnn(kind)
     x, is_first = torch.randn(B, 2 * T, F), torch.rand(B, 2 * T) < 0.1
     is_first[:, T] = reset_at_start
-    whole = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
+    whole = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind), default_recurrent_mode=True)
     y_whole = whole(chunk(x, is_first))["features"]
-    split = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
+    split = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind), default_recurrent_mode=True)
     y_first = split(chunk(x[:, :T], is_first[:, :T]))["features"]
     saved = split.state_dict()
     y_second = split(chunk(x[:, T:], is_first[:, T:]))["features"]
@@ -389,7 +390,7 @@ def test_carry_equals_one_long_call(kind, reset_at_start):
         torch.testing.assert_close(c_split, c_whole)
         assert c_split.grad_fn is None  # truncated BPTT
 
-    resumed = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind))
+    resumed = ResetRNN(rnn, state_shape=STATE_SHAPE.get(kind), default_recurrent_mode=True)
     resumed.load_state_dict(saved)
     torch.testing.assert_close(resumed(chunk(x[:, T:], is_first[:, T:]))["features"], y_second)
 
@@ -398,12 +399,12 @@ def test_carry_off_starts_every_call_fresh_and_reset_carry_by_row():
     rnn = nn.GRU(F, H, batch_first=True)
     x, no_reset = torch.randn(B, T, F), torch.zeros(B, T, dtype=torch.bool)
     fresh = rnn_with_resets(rnn, x, no_reset)[0]
-    module = ResetRNN(rnn, carry=False)
+    module = ResetRNN(rnn, carry=False, default_recurrent_mode=True)
     module(chunk(x, no_reset))
     torch.testing.assert_close(module(chunk(x, no_reset))["features"], fresh)
     assert module._carry is None
 
-    module = ResetRNN(rnn)
+    module = ResetRNN(rnn, default_recurrent_mode=True)
     module(chunk(x, no_reset))
     module.reset_carry(torch.tensor([1, 0, 0, 0, 1]))
     y = module(chunk(x, no_reset))["features"]
@@ -414,7 +415,7 @@ def test_carry_off_starts_every_call_fresh_and_reset_carry_by_row():
 
 
 def test_batch_change_needs_resets_or_reset_carry():
-    module = ResetRNN(nn.GRU(F, H, batch_first=True))
+    module = ResetRNN(nn.GRU(F, H, batch_first=True), default_recurrent_mode=True)
     module(chunk(torch.randn(B, T, F), torch.zeros(B, T, dtype=torch.bool)))
     with pytest.raises(ValueError, match="reset_carry"):
         module(chunk(torch.randn(3, T, F), torch.zeros(3, T, dtype=torch.bool)))
@@ -427,13 +428,13 @@ def test_leading_batch_dims_are_rows():
     rnn = nn.GRU(F, H, batch_first=True)
     x, is_first = torch.randn(2, 3, T, F), torch.rand(2, 3, T) < 0.2
     td = TensorDict({"embed": x, "is_first": is_first}, [2, 3, T])
-    y = ResetRNN(rnn, carry=False)(td)["features"]
+    y = ResetRNN(rnn, carry=False, default_recurrent_mode=True)(td)["features"]
     y_ref, _ = rnn_with_resets(rnn, x.reshape(6, T, F), is_first.reshape(6, T))
     torch.testing.assert_close(y, y_ref.reshape(2, 3, T, H))
 
 
 def test_learned_initial_state_is_used_at_resets_and_trained():
-    module = ResetRNN(nn.GRUCell(F, H), initial_state="learned", carry=False)
+    module = ResetRNN(nn.GRUCell(F, H), initial_state="learned", carry=False, default_recurrent_mode=True)
     with torch.no_grad():
         module.initial[0].copy_(torch.randn(H))
     x, is_first = torch.randn(B, T, F), random_flags()
@@ -472,7 +473,8 @@ def test_step_mode_writes_used_and_next_state_and_matches_sequence_mode(kind):
                 torch.testing.assert_close(used[~reset], previous[i][~reset])
         previous = [td.get(k) for k in next_keys]
         outputs.append(td["features"])
-    y_seq = module(chunk(x, flags))["features"]
+    with set_recurrent_mode(True):
+        y_seq = module(chunk(x, flags))["features"]
     torch.testing.assert_close(torch.stack(outputs, 1), y_seq)
 
 
@@ -504,10 +506,14 @@ def test_out_keys_list_exactly_what_each_mode_writes(kind, how):
     module = ResetRNN(make_rnn(kind), state_shape=STATE_SHAPE.get(kind))
     outputs, states = WRITTEN[kind]
     step = TensorDict({"embed": torch.randn(B, F), "is_first": torch.ones(B, 1, dtype=torch.bool)}, [B])
+    # a carrying pass also marks the chunk: its start state, at the root and for the next view
+    marks = ["recurrent_state_start_by", *module.start_keys]
+    marks += [("next", *k) if isinstance(k, tuple) else ("next", k) for k in marks]
+    marks += [("next", "is_first")]
     for td, sequence, expected in [
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),
         (step, False, outputs + states),
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),  # and back
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),  # and back
     ]:
         given = set(td.keys(True, True))
         mode = set_recurrent_mode(sequence) if how == "context" else contextlib.nullcontext()
@@ -608,9 +614,11 @@ def test_reset_state_from_the_batch_reproduces_the_rollout(kind):
     windows["is_first"][:, 0] = True  # every window starts from its stored memory
     expected = cut(outputs)
     shape = STATE_SHAPE.get(kind)
-    learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False, state_shape=shape)
+    learner = ResetRNN(rnn, reset_state_key="recurrent_state", carry=False, state_shape=shape,
+                       default_recurrent_mode=True)
     torch.testing.assert_close(learner(windows.clone())["features"], expected)
-    zero_start = ResetRNN(rnn, carry=False, state_shape=shape)(windows.clone())["features"]
+    zero_start = ResetRNN(rnn, carry=False, state_shape=shape, default_recurrent_mode=True)(
+        windows.clone())["features"]
     assert not torch.allclose(features(zero_start), features(expected), atol=1e-4)
 
 
@@ -655,7 +663,7 @@ def test_primer_with_a_torchrl_env(batched):
         assert state[starts].abs().sum() == 0  # zero memory at episode starts
         following = rollout[unravel_key(("next", key))]
         torch.testing.assert_close(state[:, 1:][carried], following[:, :-1][carried])
-    with torch.no_grad():
+    with torch.no_grad(), set_recurrent_mode(True):
         replay = module(rollout.exclude("features").clone())["features"]
     torch.testing.assert_close(replay, rollout["features"])
 
@@ -696,10 +704,11 @@ def test_module_cast_after_construction_builds_states_of_the_new_dtype():
     rnn = nn.LSTM(F, H, num_layers=2, batch_first=True)
     module = ResetRNN(rnn)
     x, is_first = torch.randn(B, T, F, dtype=torch.float64), random_flags()
-    module(chunk(x.float(), is_first))  # a float32 carry, then the module is cast
-    carried = [c.double() for c in module._carry]
-    module.double()
-    y = module(chunk(x, is_first))["features"]
+    with set_recurrent_mode(True):
+        module(chunk(x.float(), is_first))  # a float32 carry, then the module is cast
+        carried = [c.double() for c in module._carry]
+        module.double()
+        y = module(chunk(x, is_first))["features"]
     zeros = [torch.zeros(B, T, 2, H, dtype=torch.float64)] * 2
     y_ref, _ = reference(rnn, x, is_first, carried, zeros)
     assert y.dtype == torch.float64
@@ -725,13 +734,14 @@ def test_scan_ignores_a_garbage_state_replaced_at_t0():
 def test_missing_input_keys_are_named():
     module = ResetRNN(nn.GRU(F, H, batch_first=True))
     x, is_first = torch.randn(B, T, F), random_flags()
-    with pytest.raises(ValueError, match="'is_first'.*is_first_key="):
+    with pytest.raises(ValueError, match="'is_first'.*is_first_key="), set_recurrent_mode(True):
         module(TensorDict({"embed": x}, [B, T]))
-    with pytest.raises(ValueError, match="'embed'.*in_key="):
+    with pytest.raises(ValueError, match="'embed'.*in_key="), set_recurrent_mode(True):
         module(TensorDict({"is_first": is_first}, [B, T]))
     with pytest.raises(ValueError, match="'embed'.*in_key="):
         module(TensorDict({"x": x[:, 0]}, [B]))
-    learner = ResetRNN(nn.GRU(F, H, batch_first=True), reset_state_key="memory")
+    learner = ResetRNN(nn.GRU(F, H, batch_first=True), reset_state_key="memory",
+                       default_recurrent_mode=True)
     with pytest.raises(ValueError, match="'memory'.*reset_state_key="):
         learner(chunk(x, is_first))
 
@@ -750,21 +760,29 @@ def test_step_mode_refuses_a_missing_state_after_an_episode_start():
         lstm(partial)
 
 
-def test_step_mode_refuses_missing_flags_and_names_is_init():
+def test_step_mode_reads_is_init_then_is_first_and_refuses_missing_flags():
     module = ResetRNN(nn.GRUCell(F, H))
-    td = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
-    with pytest.raises(ValueError, match=r"'is_first', absent.*is_first_key='is_init'.*InitTracker\(init_key='is_first'\)"):
-        module(td)
-    # with the key TorchRL's collector writes, the same input runs
-    assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
+    td = TensorDict({"embed": torch.randn(3, F)}, [3])
+    with pytest.raises(ValueError, match=r"'is_init' \(or 'is_first'\), absent.*InitTracker\(\)"):
+        module(td.clone())
+    # TorchRL's InitTracker key, and ours where it is absent
+    h = torch.randn(3, H)
+    flags = torch.tensor([[True], [False], [False]])
+    for key in ("is_init", "is_first"):
+        out = module(td.clone().update({key: flags, "recurrent_state": h}))
+        torch.testing.assert_close(out["recurrent_state"][0], torch.zeros(H))
+        torch.testing.assert_close(out["recurrent_state"][1:], h[1:])
+    both = td.clone().update({"is_init": flags, "is_first": ~flags, "recurrent_state": h})
+    assert (module(both)["recurrent_state"][0] == 0).all()  # is_init wins
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's vmap of gru_cell
 def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
     import copy
 
     x, is_first = torch.randn(B, T, F), random_flags()
     for carry in (True, False):
-        module = ResetRNN(nn.GRUCell(F, H), carry=carry)
+        module = ResetRNN(nn.GRUCell(F, H), carry=carry, default_recurrent_mode=True)
         members = [copy.deepcopy(module) for _ in range(2)]
         for member in members:
             nn.init.normal_(member.rnn.weight_hh)

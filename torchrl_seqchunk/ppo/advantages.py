@@ -18,13 +18,12 @@ there (``benchmarks/bench_ppo.py``).
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
 
+from .._checks import check_real
 from ..recurrent.functional import rnn_with_resets
 
 
@@ -142,11 +141,8 @@ def boundary_gae(
             f"tensordict has batch_size={tuple(tensordict.batch_size)}, an empty time "
             "dimension (T = 0): there is no step to compute advantages for; skip empty batches."
         )
-    for name, coeff in (("gamma", gamma), ("lmbda", lmbda)):
-        if isinstance(coeff, bool) or not isinstance(coeff, numbers.Real):
-            raise TypeError(f"{name} must be a float in [0, 1], got {coeff!r}.")
-        if not 0.0 <= coeff <= 1.0:
-            raise ValueError(f"{name} must lie in [0, 1], got {coeff!r}.")
+    gamma = check_real("gamma", gamma, low=0.0, high=1.0)
+    lmbda = check_real("lmbda", lmbda, low=0.0, high=1.0)
     if next_value_key is None:
         next_value_key = ("next", *((value_key,) if isinstance(value_key, str) else value_key))
 

@@ -1,12 +1,13 @@
 """Fixed-length training windows cut from on-policy rollouts, with per-slot reset flags."""
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
+
+from .._checks import check_int
 
 
 def make_windows(
@@ -107,13 +108,8 @@ def make_windows(
             "add the env dimension with rollout.unsqueeze(0) or flatten extra ones."
         )
     num_envs, steps = rollout.batch_size
-    for name, value, low, high in (("window", window, 1, steps), ("stride", stride, 1, None)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int (or a numpy integer), got {value!r}.")
-        if value < low or (high is not None and value > high):
-            bound = f"in [1, T={steps}] (T: rollout time steps)" if high else ">= 1"
-            raise ValueError(f"{name} must be {bound}, got {name}={value}.")
-    window, stride = int(window), int(stride)
+    window = check_int("window", window, low=1, high=steps)  # at most the rollout's T
+    stride = check_int("stride", stride, low=1)
 
     one_key = isinstance(memory_key, str) or (
         isinstance(memory_key, tuple) and all(isinstance(part, str) for part in memory_key)

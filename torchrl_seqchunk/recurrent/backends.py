@@ -117,6 +117,7 @@ def _loop_steps(rnn, x, reset, h0, reset_value, *, layout):
     steps = _layer_steps(rnn, layout)
     batch, time = reset.shape
     inputs = x.unbind(1)
+    resets_at = reset.any(0).tolist()  # one host sync; steps where no row resets skip the select
     finals = []
     for layer, step in enumerate(steps):
         state = tuple(s[:, layer] if stacked else s for s in h0)
@@ -127,7 +128,8 @@ def _loop_steps(rnn, x, reset, h0, reset_value, *, layout):
             values = list(zip(*[(v[:, :, layer] if stacked else v).unbind(1) for v in reset_value]))
         outputs = []
         for t, x_t in enumerate(inputs):
-            state = _reset(state, masks[t], None if values is None else values[t])
+            if resets_at[t]:
+                state = _reset(state, masks[t], None if values is None else values[t])
             state = step(x_t, state)
             outputs.append(state[: layout.outputs])
         finals.append(state)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import check_int
+
 __all__ = ["MinGRUCell"]
 
 
@@ -36,11 +38,8 @@ class MinGRUCell(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, *, bias: bool = True):
         super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        self.input_size = input_size
-        self.hidden_size = hidden_size
+        self.input_size = check_int("input_size", input_size, low=1)
+        self.hidden_size = check_int("hidden_size", hidden_size, low=1)
         self.linear = nn.Linear(input_size, 2 * hidden_size, bias=bias)
 
     def linear_coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

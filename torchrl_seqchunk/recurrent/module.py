@@ -14,7 +14,9 @@ from torch import nn
 from torchrl.modules import recurrent_mode
 
 from .backends import _BACKEND_NAMES, _unroll
+from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
+from .step import step_flags, step_state
 
 __all__ = ["ResetRNN"]
 
@@ -22,50 +24,31 @@ __all__ = ["ResetRNN"]
 class ResetRNN(TensorDictModuleBase):
     """A recurrent TensorDict module that resets per row and carries state across chunks.
 
-    Two modes, chosen as TorchRL's ``LSTMModule`` / ``GRUModule`` choose theirs: TorchRL's
-    :class:`~torchrl.modules.set_recurrent_mode` context (``True``: sequence, ``False``:
-    step; TorchRL's losses enter ``set_recurrent_mode(True)``) overrides
-    ``default_recurrent_mode``. Where neither says (``default_recurrent_mode=None``, the
-    default), the input's batch dims choose: ``batch_dims >= 2`` sequence mode, else step
-    mode. That inference is a deliberate difference from TorchRL, whose modules then run
-    step mode whatever the batch: a step-mode input with a multi-dim batch (an env batch
-    ``[2, 3]``) would be unrolled as 2 sequences of 3 steps, so the first call inferring
-    sequence mode warns (once per module). Say the mode to silence it.
+    * **Sequence mode** (time the last batch dim: a ``[B, T]`` chunk, ``[N, W]`` windows;
+      leading dims are flattened into rows): the state is reset where
+      ``is_first[b, t]``, to the initial state or, with ``reset_state_key``, to the
+      stored memory ``td[reset_state_key][b, t]``. With ``carry=True`` each row's final
+      state is kept, detached (truncated BPTT), for ``t = 0`` of the next chunk. Writes
+      ``out_key`` ``[B, T, H_out]``.
+    * **Step mode** (acting, any batch, one step of each env): resets where
+      ``init_key`` (TorchRL's ``is_init``; else ``is_first_key``), writes the state it
+      used at the root state keys and the new one under ``("next", *state_key)``, as
+      TorchRL's ``LSTMModule`` does.
 
-    * **Sequence mode** (time the last batch dim, e.g. a ``[B, T]`` stream chunk or a
-      ``[N, W]`` window batch; leading dims are flattened into rows, a ``[T]`` input is
-      one row): the state is reset where ``is_first[b, t]`` to
-      zeros / the learned initial state, or, with ``reset_state_key``, to the
-      stored per-step memory ``td[reset_state_key][b, t]`` (``[B, T, *S]``
-      per state entry, under the same entry names as the state keys).
-      With ``carry=True`` the final state of every row is kept, detached
-      (truncated BPTT), and used at ``t = 0`` of the next call where
-      ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
-      (for a TensorDict state, every entry under ``(*out_key, name)``) and
-      nothing else: the per-step states are not written.
-    * **Step mode** (acting in a collector, any batch shape, every element one env):
-      reads the previous state from the state keys, resets elements where ``is_first``,
-      writes the state it used into the root state keys (so a replay buffer stores the
-      memory the agent had at each step), the new state into
-      ``("next", *state_key)`` and the output into ``out_key``. The flags are
-      required (as in TorchRL's ``LSTMModule``); the state may be absent only
-      where every row starts an episode (the very first step), elsewhere a
-      missing state is an error rather than a silent restart from zeros.
+    The mode is TorchRL's ``set_recurrent_mode`` context, else ``default_recurrent_mode``,
+    else the batch (``batch_dims >= 2``: sequence, with a warning once, since TorchRL
+    would step). A state entry lives under ``state_key`` (a tensor state, ``[*batch, *S]``
+    with ``S`` in :attr:`state_shapes`) or ``(*state_key, name)`` (``"h"``, ``"c"`` for an
+    LSTM; the keys of ``state_shape`` for a TensorDict state); see :attr:`state_keys`.
+    :attr:`out_keys` lists what the current mode writes.
 
-    :attr:`out_keys` lists what the current mode writes: the output entries in
-    sequence mode; those, the state keys and the ``("next", *state_key)`` keys in
-    step mode. When the mode is inferred from the batch, it is the mode of the
-    latest call (step mode before the first). As the list follows the mode,
-    ``select_out_keys`` is not supported.
-
-    State layout (see :attr:`state_keys`, :attr:`state_shapes`): a tensor state
-    (``nn.GRU`` ``[num_layers, H]``, ``nn.GRUCell`` / :class:`MinGRUCell` ``[H]``)
-    lives under ``state_key``; a tuple or TensorDict state lives under
-    ``(*state_key, name)``, one entry each, with names ``"h"``, ``"c"`` for LSTMs,
-    ``"0"``, ``"1"``, ... for custom cells with a tuple state, and the keys of
-    ``state_shape`` for a TensorDict state (so an RSSM's state is the
-    sub-TensorDict ``td[state_key]`` with ``"deter"`` and ``"stoch"``). Stored
-    states are float tensors ``[*batch, *S]`` of the rnn's dtype.
+    .. note:: With ``carry=True`` only the first sequence pass over a chunk carries. It
+        marks the chunk: the state it started from under :attr:`start_keys` (root and
+        ``"next"``), and ``("next", is_first_key) |= is_first``. A later pass over the
+        chunk or its ``step_mdp`` view (a target or next-value pass, as in TorchRL's
+        ``DQNLoss``) starts from that state, resets where the chunk's episodes start and
+        leaves the carry alone. :attr:`carried_state` takes and restores the carry
+        (``docs/howto/reset-rnn.md``).
 
     Args:
         rnn (nn.Module): ``nn.GRU`` / ``nn.LSTM`` (any ``num_layers``,
@@ -79,9 +62,12 @@ class ResetRNN(TensorDictModuleBase):
         out_key (NestedKey): output features ``[*batch, H_out]``, or the new
             state's entries under ``(*out_key, name)`` for a TensorDict state.
             Default ``"features"``.
-        is_first_key (NestedKey): reset flags ``[*batch]`` or ``[*batch, 1]``, any
-            dtype, non-zero resets (``"is_init"`` for TorchRL's ``InitTracker``).
-            Default ``"is_first"``.
+        is_first_key (NestedKey): sequence-mode reset flags ``[*batch]`` or
+            ``[*batch, 1]``, any dtype, non-zero resets, as the chunk and window makers
+            write them. Default ``"is_first"``.
+        init_key (NestedKey): step-mode reset flags, as TorchRL's ``InitTracker``
+            writes them (the collector adds one itself); where absent, step mode reads
+            ``is_first_key``. Default ``"is_init"``.
         state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
         reset_state_key (NestedKey, optional): sequence mode only: stored memory
             taken at reset steps instead of the initial state (reset-and-continue
@@ -101,15 +87,12 @@ class ResetRNN(TensorDictModuleBase):
             ``set_recurrent_mode`` context overrides it. Default ``None``.
 
     Raises:
-        TypeError / ValueError: unsupported ``rnn`` or bad option values (at
-            construction); bad shapes, a sequence-mode input without batch dims, or a
-            carried state whose batch differs from the input while some
-            ``is_first[:, 0]`` is False, or ``carry=True`` under a
-            ``torch.func`` transform such as ``vmap`` (at call time); in step
-            mode, no ``is_first_key`` entry, a state entry absent while some row
-            is not at an episode start (append :meth:`make_tensordict_primer`), or a
-            state entry whose shape is not ``[*batch, *S]`` (``ValueError``) or whose dtype
-            is not the rnn's parameters' (``TypeError``).
+        TypeError / ValueError: at construction, an unsupported ``rnn`` or option; at
+            call time, bad shapes, a carried state of another batch while some
+            ``is_first[:, 0]`` is False (call :meth:`reset_carry`), ``carry=True`` under a
+            ``torch.func`` transform; in step mode, no reset flags, a state entry absent
+            where a row is not at an episode start (append :meth:`make_tensordict_primer`),
+            or of the wrong shape (``ValueError``) or dtype (``TypeError``).
 
     Examples:
         >>> import torch
@@ -121,15 +104,13 @@ class ResetRNN(TensorDictModuleBase):
         >>> chunk = TensorDict({"embed": torch.randn(4, 10, 3), "is_first": is_first}, [4, 10])
         >>> with set_recurrent_mode(True):  # sequence mode, time the last batch dim
         ...     out = module(chunk)
-        ...     module.out_keys
-        ['features']
         >>> out["features"].shape
         torch.Size([4, 10, 8])
         >>> module.state_keys, module.state_shapes
         (['recurrent_state'], [torch.Size([1, 8])])
-        >>> is_first = torch.ones(2, 3, 1, dtype=torch.bool)  # an env batch [2, 3]
+        >>> is_init = torch.ones(2, 3, 1, dtype=torch.bool)  # an env batch [2, 3]
         >>> with set_recurrent_mode(False):  # step mode, one step of each env
-        ...     step = module(TensorDict({"embed": torch.randn(2, 3, 3), "is_first": is_first}, [2, 3]))
+        ...     step = module(TensorDict({"embed": torch.randn(2, 3, 3), "is_init": is_init}, [2, 3]))
         ...     module.out_keys
         ['features', 'recurrent_state', ('next', 'recurrent_state')]
         >>> step["recurrent_state"].abs().sum().item(), step["next", "recurrent_state"].shape
@@ -149,7 +130,7 @@ class ResetRNN(TensorDictModuleBase):
         ...                 default_recurrent_mode=True)
         >>> rssm.state_keys
         [('recurrent_state', 'deter'), ('recurrent_state', 'stoch')]
-        >>> out = rssm(chunk.exclude("features"))
+        >>> out = rssm(TensorDict({"embed": torch.randn(4, 10, 3), "is_first": is_first}, [4, 10]))
         >>> out["features", "stoch"].shape, out["features", "deter"].shape
         (torch.Size([4, 10, 2]), torch.Size([4, 10, 8]))
     """
@@ -161,6 +142,7 @@ class ResetRNN(TensorDictModuleBase):
         in_key="embed",
         out_key="features",
         is_first_key="is_first",
+        init_key="is_init",
         state_key="recurrent_state",
         reset_state_key=None,
         initial_state: str = "zeros",
@@ -195,16 +177,24 @@ class ResetRNN(TensorDictModuleBase):
         self.carry = bool(carry)
         self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
         self.is_first_key = unravel_key(is_first_key)
+        self.init_key = unravel_key(init_key)
         self.state_keys = self._entry_keys(state_key, names)
         self.reset_state_keys = (
             None if reset_state_key is None else self._entry_keys(reset_state_key, names)
         )
-        self.in_keys = [self.in_key, self.is_first_key, *self.state_keys] + [
-            k for k in self.reset_state_keys or [] if k not in self.state_keys
-        ]
+        self.in_keys = list(dict.fromkeys(
+            [self.in_key, self.is_first_key, self.init_key, *self.state_keys, *(self.reset_state_keys or [])]
+        ))
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        self.start_keys = self._entry_keys(start_key(state_key), names)
+        self._start_token_key = unravel_key(start_key(state_key, "_start_by"))
+        marks = [self._start_token_key, *self.start_keys]
+        self.chunk_mark_keys = [  # what a carrying pass writes besides its output
+            *marks, *(unravel_key(("next", k)) for k in marks),
+            unravel_key(("next", self.is_first_key)),
+        ]
         self.default_recurrent_mode = default_recurrent_mode
         self._ran_sequence = False  # mode of the latest call, for an inferred mode
         self._warned_inferred = False
@@ -237,7 +227,7 @@ class ResetRNN(TensorDictModuleBase):
         if sequence is None:
             sequence = self._ran_sequence
         if sequence:
-            return list(self._output_keys)
+            return [*self._output_keys, *(self.chunk_mark_keys if self.carry else ())]
         return [*self._output_keys, *self.state_keys, *self._next_keys]
 
     # -- state helpers -------------------------------------------------------
@@ -281,6 +271,17 @@ class ResetRNN(TensorDictModuleBase):
             for c, i, s in zip(self._carry, initial, self.state_shapes)
         )
 
+    @property
+    def carried_state(self) -> TensorDictBase | None:
+        """The state carried to the next chunk: ``None`` (none yet, or after :meth:`reset_carry`)
+        or a TensorDict with batch ``[B]`` (one row per stream) holding, under each of
+        :attr:`state_keys`, a detached ``[B, *S]`` tensor. Assign one (or ``None``) to restore it."""
+        return carry_as_tensordict(self._carry, self.state_keys)
+
+    @carried_state.setter
+    def carried_state(self, value) -> None:
+        self._carry = carry_from_tensordict(value, self.state_keys, self.state_shapes)
+
     def get_extra_state(self):
         return {"carry": None if self._carry is None else list(self._carry)}
 
@@ -292,10 +293,11 @@ class ResetRNN(TensorDictModuleBase):
         """A TorchRL ``TensorDictPrimer`` declaring the state entries in the env specs.
 
         Append it to a ``TransformedEnv`` (single env, ``SerialEnv`` or
-        ``ParallelEnv``; shapes are expanded to the env batch) together with an
-        ``InitTracker(init_key=is_first_key)``, so that the state written to
+        ``ParallelEnv``; shapes are expanded to the env batch) together with
+        TorchRL's ``InitTracker()``, so that the state written to
         ``("next", *state_key)`` moves to the root at every step and is zeroed
-        at resets.
+        at resets; TorchRL's collector with ``auto_register_policy_transforms=True``
+        appends both itself.
         """
         from torchrl.data import Unbounded
         from torchrl.envs import TensorDictPrimer
@@ -342,7 +344,10 @@ class ResetRNN(TensorDictModuleBase):
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
-        if self.carry and self._carry is not None:
+        start = view_start(rows, self.start_keys, self._start_token_key, id(self)) if self.carry else None
+        if start is not None:  # a view of a chunk already carried: same start, no carry
+            h0 = tuple(s.to(x.device, self._dtype) for s in start)
+        elif self.carry and self._carry is not None:
             if self._carry[0].shape[0] == batch:
                 h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
             elif not bool(reset[:, :1].all()):  # T = 0 is refused by _unroll
@@ -357,7 +362,7 @@ class ResetRNN(TensorDictModuleBase):
         else:
             reset_state = None if self.initial is None else tuple(self.initial)
         y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
-        if self.carry:
+        if self.carry and start is None:
             if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
                 raise ValueError(
                     "ResetRNN(carry=True) ran under a torch.func transform (vmap, grad, e.g. an "
@@ -367,6 +372,7 @@ class ResetRNN(TensorDictModuleBase):
                     "is_first, from the initial state or reset_state_key), or call it plainly."
                 )
             self._carry = tuple(h.detach() for h in h_last)
+            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, self._start_token_key, id(self))
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
@@ -381,46 +387,9 @@ class ResetRNN(TensorDictModuleBase):
         rows = tensordict.reshape(-1)
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
+        reset = step_flags(rows, self.init_key, self.is_first_key)
         initial = self._initial_state(batch, x.device)
-        is_first = rows.get(self.is_first_key, None)
-        if is_first is None:
-            raise ValueError(
-                f"step mode needs the episode-start flags {self.is_first_key!r}, absent from the "
-                f"input (its keys: {sorted(map(str, rows.keys(True, True)))}). TorchRL's "
-                "collector adds an InitTracker() writing 'is_init': pass is_first_key='is_init', "
-                f"or add InitTracker(init_key={self.is_first_key!r}) to the env."
-            )
-        reset = _reset_mask(is_first, (batch,), "is_first")
-        keys = rows.keys(include_nested=True)
-        missing = [k for k in self.state_keys if k not in keys]
-        if missing and not bool(reset.all()):
-            raise ValueError(
-                f"state entry {missing[0]!r} is absent at a step that is not an episode start "
-                f"({int((~reset).sum())} of {batch} row(s) have {self.is_first_key!r} False): "
-                "the memory would restart from the initial state at every step. Append "
-                "module.make_tensordict_primer() to the env (TransformedEnv) so that the state "
-                "travels from step to step, also through SerialEnv / ParallelEnv."
-            )
-        state = initial if missing else tuple(rows.get(k) for k in self.state_keys)
-        for key, h, s in zip(self.state_keys, state, self.state_shapes):
-            if h.shape[1:] != s:  # torch.where below would broadcast it into the wrong rows
-                raise ValueError(
-                    f"state entry {key!r} must have shape [*batch, *{list(s)}] = "
-                    f"{[*shape, *s]}, got {[*shape, *h.shape[1:]]}; it was written by another "
-                    "module (another num_layers or hidden size?): give each ResetRNN its own "
-                    "state_key and primer."
-                )
-            if h.dtype != self._dtype:  # the rnn's matmul would fail without naming the entry
-                raise TypeError(
-                    f"state entry {key!r} has dtype {h.dtype}, the rnn's parameters "
-                    f"{self._dtype}; the env's primer was made before the module was cast (or "
-                    "by another module): append module.make_tensordict_primer() after casting, "
-                    f"or cast the state with .to({self._dtype})."
-                )
-        state = tuple(
-            torch.where(reset.view(-1, *([1] * len(s))), i, h)
-            for h, i, s in zip(state, initial, self.state_shapes)
-        )
+        state = step_state(rows, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
         no_reset = torch.zeros(batch, 1, dtype=torch.bool, device=x.device)
         y, new = _unroll(self.rnn, x.unsqueeze(1), no_reset, state, None, self._layout, "loop")
         for key, used, nxt in zip(self.state_keys, state, new):

@@ -1,0 +1,63 @@
+"""Step mode's inputs: the episode-start flags and the previous state, checked and reset.
+
+:class:`~torchrl_seqchunk.ResetRNN` acts one step of each env at a time; these read what
+the env (its ``InitTracker`` and the module's primer) wrote, and name what is missing.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+
+from .state import _reset_mask
+
+
+def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
+    """bool ``[N]``: where an episode starts, from ``init_key``, else ``is_first_key``."""
+    flags = rows.get(init_key, None)
+    if flags is None:
+        flags = rows.get(is_first_key, None)
+    if flags is None:
+        raise ValueError(
+            f"step mode needs the episode-start flags {init_key!r} (or {is_first_key!r}), absent "
+            f"from the input (its keys: {sorted(map(str, rows.keys(True, True)))}). Add TorchRL's "
+            "InitTracker() to the env, or let the collector add it "
+            "(auto_register_policy_transforms=True)."
+        )
+    return _reset_mask(flags, (rows.shape[0],), "is_first")
+
+
+def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, batch_shape) -> tuple:
+    """The state each row starts its step from: the stored one, the initial one where ``reset``.
+
+    Raises ``ValueError`` for an entry absent where a row does not reset or of the wrong
+    shape, ``TypeError`` for an entry of another dtype than ``dtype``.
+    """
+    present = rows.keys(include_nested=True)
+    missing = [k for k in keys if k not in present]
+    if missing and not bool(reset.all()):
+        raise ValueError(
+            f"state entry {missing[0]!r} is absent at a step that is not an episode start "
+            f"({int((~reset).sum())} of {reset.numel()} row(s) do not reset): the memory would "
+            "restart from the initial state at every step. Append "
+            "module.make_tensordict_primer() to the env (TransformedEnv) so that the state "
+            "travels from step to step, also through SerialEnv / ParallelEnv."
+        )
+    state = initial if missing else tuple(rows.get(k) for k in keys)
+    for key, h, s in zip(keys, state, shapes):
+        if h.shape[1:] != s:  # torch.where below would broadcast it into the wrong rows
+            raise ValueError(
+                f"state entry {key!r} must have shape [*batch, *{list(s)}] = "
+                f"{[*batch_shape, *s]}, got {[*batch_shape, *h.shape[1:]]}; it was written by "
+                "another module (another num_layers or hidden size?): give each ResetRNN its "
+                "own state_key and primer."
+            )
+        if h.dtype != dtype:  # the rnn's matmul would fail without naming the entry
+            raise TypeError(
+                f"state entry {key!r} has dtype {h.dtype}, the rnn's parameters {dtype}; the "
+                "env's primer was made before the module was cast (or by another module): "
+                f"append module.make_tensordict_primer() after casting, or cast the state with "
+                f".to({dtype})."
+            )
+    return tuple(
+        torch.where(reset.view(-1, *([1] * len(s))), i, h) for h, i, s in zip(state, initial, shapes)
+    )
