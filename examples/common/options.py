@@ -18,11 +18,6 @@ import torch
 
 from torchrl_seqchunk._checks import check_int, check_real
 
-try:
-    import tyro
-except ModuleNotFoundError as err:  # tyro comes with the test extra
-    raise SystemExit('the examples need tyro: pip install -e ".[test]"') from err
-
 
 def flag(name: str) -> str:
     """The flag of a field: ``total_frames`` -> ``--total-frames``."""
@@ -97,7 +92,8 @@ def gym_id(name: str, value: str) -> str:
             importlib.import_module(module)
         gym.spec(env_id)
     except ModuleNotFoundError as err:
-        raise ValueError(f"{flag(name)} {value}: cannot import {err.name!r} (an optional extra, such as popgym?)") from None
+        raise ValueError(f"{flag(name)} {value}: cannot import {err.name!r} "
+                         "(an optional extra, such as popgym?)") from None
     except gym.error.Error as err:
         raise ValueError(f"{flag(name)} {value}: {err} Give a registered gymnasium id such as CartPole-v1, or "
                          "'module:Id' for an id that a module registers (popgym:popgym-RepeatFirstEasy-v0).") from None
@@ -114,6 +110,10 @@ def cli(config: type, description: str, argv: Sequence[str] | None = None, renam
     """The Config dataclass ``config`` filled from the command line ``argv`` (default: ``sys.argv``)
     and checked (its ``check()``; a ValueError refuses the command). ``renamed`` maps deprecated
     flags to their new spelling: they still work, with a ``FutureWarning``."""
+    try:
+        import tyro
+    except ModuleNotFoundError as err:  # tyro comes with the test extra
+        raise SystemExit('the examples need tyro: pip install -e ".[test]"') from err
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(argv):
         old, eq, value = arg.partition("=")
