@@ -40,7 +40,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import argparse
-import csv
 import functools
 import math
 import statistics
@@ -55,7 +54,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from bench_sampler import fill  # benchmarks/bench_sampler.py
 from tensordict import TensorDict
-from timing import seconds_per_call  # benchmarks/timing.py
+from timing import rank_zero_result, seconds_per_call, write_figures  # benchmarks/timing.py
 from torch import nn
 from torchrl.collectors.distributed import RayCollector
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
@@ -67,7 +66,7 @@ from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
 from toolkit import options  # noqa: E402  benchmarks/toolkit.py: examples/common
 
-from common.loopback import join_loopback_group, loopback_store  # noqa: E402  examples/common/loopback.py
+from common.loopback import join_loopback_group  # noqa: E402  examples/common/loopback.py
 
 
 def parse_args(argv=None):
@@ -258,11 +257,7 @@ def ddp_rank(rank: int, world_size: int, port: int, args, results) -> None:
 
 
 def ddp_steps_per_s(world_size: int, args) -> float:
-    results = mp.get_context("spawn").SimpleQueue()
-    store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1
-    mp.start_processes(ddp_rank, args=(world_size, store.port, args, results), nprocs=world_size,
-                       start_method="spawn")
-    return results.get()
+    return rank_zero_result(ddp_rank, world_size, args)
 
 
 # -------------------------------------------------------------------------------------------
@@ -317,14 +312,7 @@ def main(argv=None) -> dict[str, float]:
     for row in rows:
         if row["unit"] in ("frames/s", "chunks/s", "steps/s"):
             print(f"{row['name']:>24}: {row['value']:10.1f} {row['unit']}")
-    for name, value in ratios.items():
-        print(f"RATIO {name} {value:.3f}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "distributed.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["name", "value", "unit", "note"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_figures(rows, ratios, Path(args.out) / "distributed.csv")
     return ratios
 
 

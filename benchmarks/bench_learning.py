@@ -49,10 +49,11 @@ def masked_cartpole() -> gym.Env:
     return MaskObservation(gym.make("CartPole-v1"), KEEP)
 
 
-def run_ours(seed: int, frames: int) -> list[dict]:
+def run_ours(seed: int, frames: int, **options) -> list[dict]:
+    """The main job with its defaults but for ``options`` (Config fields); one row per rollout."""
     job = load_main_job()
     with tempfile.TemporaryDirectory() as runs:
-        cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False)
+        cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False, **options)
         rows = job.main(cfg)  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
 

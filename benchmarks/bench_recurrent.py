@@ -25,6 +25,7 @@ from torch import nn
 from torchrl.modules import GRUModule
 
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+
 from torchrl_seqchunk import MinGRUCell, ResetRNN
 
 PRESETS = {
@@ -57,17 +58,11 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 by default: stable figures on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
-    preset_sizes = {"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1, "warmup": 0}
-
-    def fill_preset(args):  # sizes not given come from the preset, then every size is checked
-        for name, value in PRESETS["quick" if args.quick else args.preset].items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
-        for name, low in preset_sizes.items():
-            options.integer(name, getattr(args, name), low)
-        options.real("reset_every", args.reset_every, 1.0)
-
-    return options.parse(parser, argv, ints={"threads": 1, "seed": 0}, devices=["device"], check=fill_preset)
+    chosen = parser.parse_known_args(argv)[0]  # the preset gives the sizes not given
+    parser.set_defaults(**PRESETS["quick" if chosen.quick else chosen.preset])
+    return options.parse(parser, argv, ints={"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1,
+                                             "warmup": 0, "threads": 1, "seed": 0},
+                         reals={"reset_every": (1.0, None)}, devices=["device"])
 
 
 def cell_loop(cell, x, is_first):

@@ -1,5 +1,7 @@
-"""Timing helper shared by the benchmark scripts."""
+"""Timing and reporting helpers shared by the benchmark scripts."""
+import csv
 import time
+from pathlib import Path
 
 
 def seconds_per_call(fn, repeat=1):
@@ -8,3 +10,26 @@ def seconds_per_call(fn, repeat=1):
     for _ in range(repeat):
         fn()
     return (time.perf_counter() - start) / repeat
+
+
+def write_figures(rows: list[dict], ratios: dict[str, float], path: Path) -> None:
+    """Prints ``RATIO <name> <value>`` per ratio and writes ``rows`` (name, value, unit, note) as the CSV ``path``."""
+    for name, value in ratios.items():
+        print(f"RATIO {name} {value:.3f}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["name", "value", "unit", "note"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def rank_zero_result(rank_fn, world_size: int, args):
+    """Spawns ``rank_fn(rank, world_size, port, args, results)`` for every rank, the ranks
+    meeting at a loopback store on ``port``; returns what rank 0 puts in ``results``."""
+    import torch.multiprocessing as mp
+    from common.loopback import loopback_store  # examples/common (benchmarks/toolkit.py puts it on the path)
+
+    results = mp.get_context("spawn").SimpleQueue()
+    store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1
+    mp.start_processes(rank_fn, args=(world_size, store.port, args, results), nprocs=world_size, start_method="spawn")
+    return results.get()

@@ -7,10 +7,13 @@ from gymnasium import spaces
 import numpy as np
 import pytest
 import torch
-from torchrl.envs import SerialEnv
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.collectors import Collector
+from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, TransformedEnv, VecNormV2
+from torchrl.modules import OneHotCategorical, ProbabilisticActor
 
-from torchrl_seqchunk import EncodeObservation, MaskObservation
-from torchrl_seqchunk.envs import make_masked_env
+from torchrl_seqchunk import EncodeObservation, MaskObservation, ResetRNN, ReturnScaledReward
+from torchrl_seqchunk.envs import SyncVectorGymWrapper, make_masked_env, make_vector_env
 
 
 class _Declares(gym.Env):
@@ -280,3 +283,94 @@ def test_popgym_factory_pickles_into_serial_env():
     obs = rollout["observation"]
     assert obs[..., :2].sum(-1).eq(1).all() and obs[..., 2:].sum(-1).eq(1).all()
     env.close()
+
+
+# The in-process vector path against SerialEnv: same seeds, same episodes, step for step.
+def _serial(env_id, num_envs, keep=None, **make_kwargs):
+    return SerialEnv(num_envs, functools.partial(make_masked_env, env_id, keep, **make_kwargs))
+
+
+def _agent_pipeline(batched, seed, obs_norm):
+    """The main job's transforms and a sampling ResetRNN actor on `batched`, collected by TorchRL."""
+    torch.manual_seed(seed)  # the actor's weights and actions
+    rnn = ResetRNN(torch.nn.GRU(8, 8, batch_first=True), in_key="embed", out_key="features",
+                   state_key="actor_state")
+    norm = [VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)] if obs_norm else []
+    env = TransformedEnv(batched, Compose(InitTracker(init_key="is_first"), RewardSum(), *norm,
+                                          ReturnScaledReward(gamma=0.98), rnn.make_tensordict_primer()))
+    env.set_seed(seed)
+    obs_dim, spec = env.observation_spec["observation"].shape[-1], env.full_action_spec_unbatched["action"]
+    actor = ProbabilisticActor(TensorDictSequential(
+        TensorDictModule(torch.nn.Linear(obs_dim, 8), ["observation"], ["embed"]), rnn,
+        TensorDictModule(torch.nn.Linear(8, spec.shape[-1]), ["features"], ["logits"])),
+        in_keys=["logits"], spec=spec, distribution_class=OneHotCategorical, return_log_prob=True)
+    collector = Collector(env, actor, frames_per_batch=4 * 40, total_frames=3 * 4 * 40,
+                          auto_register_policy_transforms=False)
+    rollouts = [r.clone() for r in collector]
+    collector.shutdown()
+    return torch.cat(rollouts, -1)
+
+
+def _collected(obs_norm):
+    # CartPole without velocities truncated at 25 steps: episodes end by falling and by truncation
+    return [_agent_pipeline(make("CartPole-v1", 4, (0, 2), max_episode_steps=25), 7, obs_norm)
+            for make in (_serial, make_vector_env)]
+
+
+def test_vector_env_collects_what_serial_env_collects():
+    serial, vector = _collected(obs_norm=False)
+    assert set(serial.keys(True, True)) == set(vector.keys(True, True))
+    assert (serial == vector).all()  # observations, actions, flags, returns, stored states
+    done, truncated = serial["next", "done"], serial["next", "truncated"]
+    assert truncated.any() and (done & ~truncated).any() and serial["is_first"][:, 1:].any()
+    # a truncated step keeps its episode's last observation, not the next episode's first
+    ends = truncated[:, :-1].squeeze(-1)
+    last, first = serial["next", "observation"][:, :-1][ends], serial["observation"][:, 1:][ends]
+    assert not torch.isclose(last, first).all(-1).any()
+    assert (serial["next", "episode_reward"][truncated] == 25).all()  # the raw return (RewardSum)
+
+
+@pytest.mark.filterwarnings("ignore:Support of VecNormV2")  # the main job's batched statistics
+def test_vector_env_with_vecnorm_agrees_until_the_first_partial_reset():
+    # VecNormV2 updates its statistics with every row of a reset, the envs not reset too:
+    # SerialEnv gives those rows the observation of their last reset, the vector env their
+    # current one, so the statistics (and all after) part at the first partial reset.
+    serial, vector = _collected(obs_norm=True)
+    first_reset = int(serial["is_first"][:, 1:].any(0).squeeze(-1).nonzero()[0]) + 1
+    assert 0 < first_reset < serial.shape[-1] - 1
+    assert (serial[:, :first_reset] == vector[:, :first_reset]).all()
+    assert (serial[:, first_reset:]["observation"] != vector[:, first_reset:]["observation"]).any()
+
+
+@pytest.mark.parametrize("env_id", [
+    "Pendulum-v1",  # Box action, TimeLimit truncation at 200
+    pytest.param("popgym:popgym-BattleshipEasy-v0", marks=needs_popgym),  # MultiDiscrete action
+    pytest.param("popgym:popgym-AutoencodeEasy-v0", marks=needs_popgym),  # Tuple observation
+])
+def test_vector_env_specs_and_random_rollouts_match_serial_env(env_id):
+    serial, vector = _serial(env_id, 3), make_vector_env(env_id, 3)
+    for spec in ("observation_spec", "full_action_spec", "full_done_spec", "full_reward_spec"):
+        assert getattr(serial, spec) == getattr(vector, spec), spec
+    rollouts = []
+    for env in (serial, vector):
+        assert env.set_seed(11) == serial.set_seed(11) if env is vector else True  # next seed alike
+        env.set_seed(11)
+        torch.manual_seed(0)  # the random actions: the action spec's draws
+        rollouts.append(env.rollout(210, break_when_any_done=False))
+    assert (rollouts[0] == rollouts[1]).all()
+    assert rollouts[0]["next", "done"].any()
+
+
+def test_vector_env_seeds_like_serial_env_and_refuses_autoreset():
+    vector, serial = make_vector_env("CartPole-v1", 3), _serial("CartPole-v1", 3)
+    assert vector.set_seed(5) == serial.set_seed(5)
+    assert (vector.reset()["observation"] == serial.reset()["observation"]).all()
+    assert vector.set_seed(5, static_seed=True) == 5
+    same = vector.reset()["observation"]
+    assert (same == same[0]).all()  # one seed for every env
+    with pytest.raises(ValueError, match=r"autoreset_mode=AutoresetMode.NEXT_STEP.*DISABLED"):
+        SyncVectorGymWrapper(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")]))
+    with pytest.raises(TypeError, match=r"SyncVectorEnv, got AsyncVectorEnv"):
+        SyncVectorGymWrapper(gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")]))
+    with pytest.raises(ValueError, match=r"num_envs must be >= 1, got 0"):
+        make_vector_env("CartPole-v1", 0)

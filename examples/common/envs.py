@@ -7,7 +7,7 @@ import warnings
 from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv, VecNormV2
 
 from torchrl_seqchunk import ReturnScaledReward
-from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
+from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
 
 
 def kept_indices(cfg, *, warn: bool = False) -> tuple[int, ...] | None:
@@ -36,8 +36,12 @@ def check_keep(cfg) -> None:
 def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
     """The batched, transformed env of the run; ``warn``: say once per run if --keep auto knows no mask."""
     limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
-    factory = functools.partial(make_masked_env, cfg.env, kept_indices(cfg, warn=warn), **limit)  # picklable
-    batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
+    keep = kept_indices(cfg, warn=warn)
+    if cfg.env_batching == "vector":  # the episodes of serial for the same seed, several times faster
+        batched = make_vector_env(cfg.env, cfg.num_envs, keep, **limit)
+    else:
+        factory = functools.partial(make_masked_env, cfg.env, keep, **limit)  # picklable for workers
+        batched = {"serial": SerialEnv, "parallel": ParallelEnv}[cfg.env_batching](cfg.num_envs, factory)
     # is_first: True on the first step of every episode, what ResetRNN resets on.
     transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
     if cfg.obs_norm:  # one set of statistics over all envs (TorchRL calls a batched env experimental)

@@ -12,12 +12,24 @@ from torchrl_seqchunk import boundary_gae
 LOGGED = ("loss_objective", "loss_critic", "entropy", "clip_fraction", "kl_approx")
 
 
+def next_values(critic, rollout: TensorDictBase) -> torch.Tensor:
+    """V(next observation) under the memory held after each step, ``[num_envs, T, 1]``.
+
+    Where the episode goes on, that is the next step's own value, computed when acting;
+    the critic runs (step mode) only on the next observations of the steps that end an
+    episode (a truncation bootstraps from it) and of each row's last step."""
+    values = rollout["state_value"].roll(-1, dims=-2)  # V(s_{t+1}); the last column is replaced
+    ends = rollout["next", "done"].squeeze(-1).clone()  # [num_envs, T]
+    ends[..., -1] = True
+    with torch.no_grad():
+        values[ends] = critic(rollout["next"][ends])["state_value"]
+    return values
+
+
 def add_advantages(cfg, critic, rollout: TensorDictBase, *, standardize: bool = False) -> TensorDictBase:
     """Writes "advantage" and "value_target" into a rollout [num_envs, T] (advantages
     standardized over the rollout with ``standardize``) and returns it."""
-    with torch.no_grad():  # V(next observation) under the memory held after each step
-        next_values = critic(rollout["next"].reshape(-1))["state_value"]  # step mode, [num_envs * T, 1]
-    rollout["next", "state_value"] = next_values.view(*rollout.shape, 1)
+    rollout["next", "state_value"] = next_values(critic, rollout)
     boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
     if standardize:
         advantage = rollout["advantage"]

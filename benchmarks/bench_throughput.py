@@ -1,0 +1,243 @@
+"""The main job's frames per second beside its incumbent and its limits, every figure from one run.
+
+The main job (``examples/recurrent_ppo.py``) with its defaults, on its default task (CartPole-v1
+observing cart position and pole angle, 8 envs) unless said otherwise; one torch thread; the
+sides of each ratio measured in turn in this process, so that machine load weighs on both:
+
+- ``main_job_fps_vs_sb3``: end-to-end frames/s (collection and update, from the job's start
+  to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
+  settings (``bench_learning.run_sb3``) on the same frames; skipped with a message without
+  the ``bench`` extra;
+- ``fast_vs_serial``: the main job on its in-process vector env over the same job on
+  TorchRL's ``SerialEnv`` (``--env-batching serial``);
+- ``collect_vs_env_limit``: frames/s of a TorchRL ``Collector`` stepping the job's acting env
+  (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
+  raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
+- ``update_vs_compute_limit``: seconds of the job's update on one rollout (``update`` over
+  its windows, ``epochs x minibatches`` steps) over the same steps of plain forward and
+  backward of the same networks on the same batch (encoder, ``nn.GRU`` without resets,
+  heads, a sum as the loss, the same clipping and Adam);
+- ``vector_env_vs_serial_env`` and ``vector_env_vs_env_limit``: the envs alone, random
+  actions: ``make_vector_env`` over ``SerialEnv`` of ``make_masked_env``, and over raw
+  gymnasium;
+- ``popgym_fast_vs_serial_<Env>``: the main job's frames/s on each POPGym task of
+  ``bench_memory.py`` (``--popgym``), vector env over ``SerialEnv``, both figures printed.
+
+Writes ``--out``/throughput.csv (name, value, unit, note).
+
+    python benchmarks/bench_throughput.py                     # about 10 minutes on a busy core
+    python benchmarks/bench_throughput.py --quick             # every figure at a tiny budget
+    python benchmarks/bench_throughput.py --device cuda --popgym RepeatFirstEasy
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
+from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
+from timing import seconds_per_call, write_figures  # benchmarks/timing.py
+from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import SerialEnv
+from tqdm import tqdm
+
+from torchrl_seqchunk import ResetRNN
+from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
+
+from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
+from common.batching import make_batching  # noqa: E402
+from common.envs import make_acting_env, make_env  # noqa: E402
+from common.ppo import add_advantages, update  # noqa: E402
+
+TASK = "CartPole-v1"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="device of the main job's models and collector")
+    parser.add_argument("--quick", action="store_true",
+                        help="every figure at a tiny budget (512 frames per job, one POPGym task)")
+    parser.add_argument("--frames", type=int, default=8192, help="frames per main-job run (and sb3's)")
+    parser.add_argument("--popgym", default=",".join(SUITE), help='comma-separated POPGym tasks, "" for none')
+    parser.add_argument("--popgym-frames", type=int, default=2048, help="frames per POPGym run")
+    parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.frames, args.popgym_frames, args.env_frames = 512, 256, 1024
+        if args.popgym == ",".join(SUITE):
+            args.popgym = SUITE[0]
+    return args
+
+
+def job_fps(frames: int, seed: int, **options) -> float:
+    """End-to-end frames/s of one main-job run (its first row's clock starts before the env is built)."""
+    rows = run_ours(seed, frames, **options)
+    return rows[-1]["frames"] / rows[-1]["wall_s"]
+
+
+def sb3_fps(frames: int, seed: int) -> float:
+    rows = run_sb3(seed, frames)
+    return rows[-1]["frames"] / rows[-1]["wall_s"]
+
+
+def random_env_fps(env, frames: int) -> float:
+    """frames/s of a TorchRL batched env stepped with its action spec's random actions."""
+    env.set_seed(0)
+    env.rollout(8, break_when_any_done=False)  # warm-up
+    steps = frames // env.batch_size[0]
+    start = time.perf_counter()
+    env.rollout(steps, break_when_any_done=False)
+    return steps * env.batch_size[0] / (time.perf_counter() - start)
+
+
+def raw_env_fps(num_envs: int, frames: int, **make_kwargs) -> float:
+    """frames/s of the same gymnasium envs in a SyncVectorEnv without autoreset, random actions,
+    the envs that end reset by mask: what stepping them costs without TorchRL."""
+    raw = make_vector_env(TASK, num_envs, DEFAULT_KEEP[TASK], **make_kwargs)._env  # the gymnasium env
+    raw.reset(seed=0)
+    raw.action_space.seed(0)
+    steps = frames // num_envs
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = raw.step(raw.action_space.sample())
+        done = terminated | truncated
+        if done.any():
+            raw.reset(options={"reset_mask": done})
+    return steps * num_envs / (time.perf_counter() - start)
+
+
+def plain_modules(module) -> list[nn.Module]:
+    """The nn.Modules a TensorDict network calls, in order; a ResetRNN as its nn.GRU / nn.LSTM;
+    a distribution module (no parameters) left out."""
+    if isinstance(module, ResetRNN):
+        return [module.rnn]
+    if isinstance(module, TensorDictSequential):
+        return [m for child in module.module for m in plain_modules(child)]
+    inner = getattr(module, "module", None)
+    if inner is None:
+        return []
+    return plain_modules(inner) if isinstance(inner, TensorDictModuleBase) else [inner]
+
+
+def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
+    """Forward and backward of the networks on the batch's observations, no resets, no TensorDict."""
+    loss = 0.0
+    for modules in networks:
+        x = batch["observation"]
+        for module in modules:
+            x = module(x)[0] if isinstance(module, nn.RNNBase) else module(x)
+        loss = loss + x.float().sum()
+    optim.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optim.step()
+
+
+def collect_and_update(cfg, frames: int) -> dict[str, float]:
+    """The collector's frames/s with the agent, and the update's seconds beside the plain compute."""
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+    per_batch = cfg.num_envs * cfg.rollout_len
+    collector = Collector(make_acting_env(cfg, rnns, cfg.seed), TensorDictSequential(actor, critic),
+                          frames_per_batch=per_batch, total_frames=per_batch * (1 + max(1, frames // per_batch)),
+                          device=cfg.device, auto_register_policy_transforms=False)
+    batches = iter(collector)
+    next(batches)  # warm-up
+    start = time.perf_counter()
+    rollouts = list(batches)
+    collect_fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
+    collector.shutdown()
+    torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
+
+    batching = make_batching(cfg, rnns, per_batch)
+    steps = batching.batches(add_advantages(cfg, critic, rollouts[-1]))
+    loss = batching.make_loss(actor, critic)
+    optim = torch.optim.Adam(loss.parameters(), lr=cfg.lr, eps=1e-5)
+    networks, params = [plain_modules(actor), plain_modules(critic)], list(loss.parameters())
+
+    def job_update(batches):
+        update(loss, optim, batches, weight=batching.weight, max_grad_norm=cfg.max_grad_norm)
+
+    def plain_update(batches):
+        for batch in batches:
+            plain_step(networks, batch, params, optim, cfg.max_grad_norm)
+
+    job_update(steps[:2]), plain_update(steps[:2])  # warm-up
+    update_s, compute_s = seconds_per_call(lambda: job_update(steps)), seconds_per_call(lambda: plain_update(steps))
+    return {"collect_fps": collect_fps, "update_s": update_s, "compute_s": compute_s, "steps": len(steps)}
+
+
+def main(argv=None) -> dict[str, float]:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    rows, ratios = [], {}
+
+    def record(name: str, value: float, unit: str, note: str = "") -> float:
+        rows.append({"name": name, "value": value, "unit": unit, "note": note})
+        if unit == "ratio":
+            ratios[name] = value
+        return value
+
+    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False)
+    has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
+    popgym = [name for name in args.popgym.split(",") if name]
+    bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")
+
+    n, keep = cfg.num_envs, DEFAULT_KEEP[TASK]
+    env_fps = {"vector": random_env_fps(make_vector_env(TASK, n, keep), args.env_frames),
+               "serial": random_env_fps(SerialEnv(n, lambda: make_masked_env(TASK, keep)), args.env_frames),
+               "raw": raw_env_fps(n, args.env_frames)}
+    for side, fps in env_fps.items():
+        record(f"env_fps_{side}", fps, "frames/s", f"{n} envs of {TASK} {keep}, random actions")
+    record("vector_env_vs_serial_env", env_fps["vector"] / env_fps["serial"], "ratio")
+    record("vector_env_vs_env_limit", env_fps["vector"] / env_fps["raw"], "ratio")
+    bar.update()
+
+    measured = collect_and_update(cfg, args.env_frames)
+    record("collect_fps", measured["collect_fps"], "frames/s", "Collector, the job's acting env and policy")
+    record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
+    record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")
+    record("compute_s", measured["compute_s"], "s", "plain forward and backward, same networks and batches")
+    record("update_vs_compute_limit", measured["update_s"] / measured["compute_s"], "ratio")
+    bar.update()
+
+    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device), "frames/s",
+                  f"{args.frames} frames, defaults")
+    serial = record("main_job_fps_serial", job_fps(args.frames, args.seed, device=args.device,
+                                                   env_batching="serial"), "frames/s", "--env-batching serial")
+    record("fast_vs_serial", fast / serial, "ratio")
+    bar.update()
+    if has_sb3:
+        theirs = record("sb3_fps", sb3_fps(args.frames, args.seed), "frames/s", "RecurrentPPO, rl-zoo settings")
+        record("main_job_fps_vs_sb3", fast / theirs, "ratio")
+    else:
+        print("main_job_fps_vs_sb3 skipped: sb3_contrib is missing (pip install -e '.[bench]')")
+    bar.update()
+
+    for name in popgym:
+        fps = {}
+        for path in ("vector", "serial"):
+            fps[path] = record(f"popgym_fps_{path}_{name}", job_fps(
+                args.popgym_frames, args.seed, env=env_id(name), keep="all", device=args.device,
+                env_batching=path), "frames/s", f"{args.popgym_frames} frames")
+            bar.update()
+        record(f"popgym_fast_vs_serial_{name}", fps["vector"] / fps["serial"], "ratio")
+    bar.close()
+
+    for row in rows:
+        if row["unit"] != "ratio":
+            print(f"{row['name']:>36}: {row['value']:10.2f} {row['unit']}  {row['note']}")
+    write_figures(rows, ratios, Path(args.out) / "throughput.csv")
+    return ratios
+
+
+if __name__ == "__main__":
+    main()
