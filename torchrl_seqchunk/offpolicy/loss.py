@@ -80,6 +80,30 @@ class RecurrentDQNLoss(LossModule):
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule as Mod, TensorDictSequential as Seq
+        >>> from torchrl.objectives import SoftUpdate
+        >>> from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN
+        >>> rnn = ResetRNN(nn.GRU(3, 8, batch_first=True), in_key="observation",
+        ...                state_key="q_state", reset_state_key="q_state")
+        >>> qnet = Seq(rnn, Mod(nn.Linear(8, 2), ["features"], ["action_value"]))
+        >>> loss = RecurrentDQNLoss(qnet, rnn, gamma=0.99, n_steps=3)
+        >>> updater = SoftUpdate(loss, tau=0.005)
+        >>> flags = torch.zeros(4, 10, 1, dtype=torch.bool)
+        >>> chunk = TensorDict({  # a [B, T] chunk, e.g. from StreamChunkSampler(4, 10)
+        ...     "observation": torch.randn(4, 10, 3), ("next", "observation"): torch.randn(4, 10, 3),
+        ...     "is_first": flags, ("next", "done"): flags, ("next", "terminated"): flags,
+        ...     ("next", "reward"): torch.ones(4, 10, 1),
+        ...     "action": nn.functional.one_hot(torch.randint(2, (4, 10)), 2),
+        ... }, [4, 10])
+        >>> out = loss(chunk)
+        >>> out["loss"].backward()
+        >>> int(out["recurrent_steps"])  # two networks x 4 rows x (10 + 1 chunk end)
+        88
     """
 
     value_network: TensorDictModuleBase

@@ -112,6 +112,29 @@ def unroll_with_next(
             a key is missing, or ``initial_state`` does not match the rnn's state.
 
     .. note:: ``ResetRNN(initial_state="learned")`` is reset to zeros here.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule as Mod, TensorDictSequential as Seq
+        >>> from torchrl_seqchunk import ResetRNN, unroll_with_next
+        >>> rnn = ResetRNN(nn.GRU(3, 8, batch_first=True), in_key="observation",
+        ...                state_key="q_state", reset_state_key="q_state")
+        >>> net = Seq(rnn, Mod(nn.Linear(8, 2), ["features"], ["action_value"]))
+        >>> done = torch.zeros(4, 10, 1, dtype=torch.bool)
+        >>> done[0, 3] = True  # row 0: truncated at step 3, a new episode from step 4
+        >>> is_first = torch.zeros_like(done)
+        >>> is_first[0, 4] = True
+        >>> chunk = TensorDict({
+        ...     "observation": torch.randn(4, 10, 3), ("next", "observation"): torch.randn(4, 10, 3),
+        ...     "is_first": is_first, ("next", "done"): done, ("next", "terminated"): done & False,
+        ... }, [4, 10])
+        >>> out = unroll_with_next(net, rnn, chunk)
+        >>> out.values.shape, out.next_values.shape, out.final_state[0].shape
+        (torch.Size([4, 10, 2]), torch.Size([4, 10, 2]), torch.Size([4, 1, 8]))
+        >>> out.recurrent_steps  # 4 rows x (10 steps + 1 final observation + 1 chunk end)
+        48
     """
     if getattr(rnn, "reset_state_keys", None) is None:
         raise ValueError(
