@@ -10,6 +10,7 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 from torch import nn
+from torchrl.modules import set_recurrent_mode
 
 from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows, slot_weights
 
@@ -155,7 +156,8 @@ def test_matches_per_step_reference(backbone, mode):
     expected = reduce_reference(ref, mode)
     out = loss(windows)
 
-    log_prob = actor.get_dist(windows.clone()).log_prob(windows["action"])
+    with set_recurrent_mode(True):
+        log_prob = actor.get_dist(windows.clone()).log_prob(windows["action"])
     torch.testing.assert_close(log_prob, ref["log_prob"], atol=1e-5, rtol=1e-5)
     for name, value in expected.items():
         torch.testing.assert_close(out[f"loss_{name}"], value, atol=1e-5, rtol=1e-5)
@@ -342,7 +344,7 @@ def test_logged_diagnostics_are_scalars(mode):
     windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
     loss = RecurrentPPOLoss(actor, critic, boundary_mode=mode, clip_value=0.2)
     windows["state_value"] = torch.randn(*windows.shape, 1)
-    with torch.no_grad():
+    with torch.no_grad(), set_recurrent_mode(True):
         log_weight = actor.get_dist(windows.clone()).log_prob(windows["action"]) - windows["action_log_prob"]
         value = critic(windows.clone())["state_value"]
     out = loss(windows.clone())
@@ -385,3 +387,48 @@ def test_slot_weights_refuses_bad_input():
         slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3), "masked")
     with pytest.raises(ValueError, match=r"\[N, W\]"):
         slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 4), "mask")
+
+
+def test_in_keys_have_a_fixed_order():
+    actor, critic, _, _ = make_agent("ResetRNN")
+    loss = RecurrentPPOLoss(actor, critic)
+    assert loss.in_keys == [
+        "action", "action_log_prob", "actor_state", "count_weight", "critic_state", "is_first",
+        ("next", "actor_state"), ("next", "done"), ("next", "is_first"), ("next", "obs"),
+        ("next", "reward"), ("next", "terminated"), "obs",
+    ]
+    loss.set_keys(is_first="is_init")
+    assert "is_init" in loss.in_keys and loss.in_keys == sorted(
+        loss.in_keys, key=lambda key: (key,) if isinstance(key, str) else key
+    )
+
+
+def test_overrides_no_private_torchrl_method():
+    from torchrl.objectives import ClipPPOLoss
+
+    inherited = {name for cls in ClipPPOLoss.__mro__ for name in vars(cls)}
+    private = [
+        name for name, value in vars(RecurrentPPOLoss).items()
+        if name.startswith("_") and not name.startswith("__") and name in inherited
+        and (callable(value) or isinstance(value, property)) and not isinstance(value, type)
+    ]
+    assert private == []
+
+
+@pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
+def test_torchrl_loss_mask_drops_slots(mode):
+    # ("collector", "mask") False slots count in neither the terms nor the denominator
+    actor, critic, cells, heads = make_agent("contract")
+    rollout = make_rollout([[3, 5, 4], [6, 2, 4]])
+    windows = make_windows(rollout, 4, memory_key=MEMORY)
+    valid = torch.rand(*windows.shape, 1, generator=torch.Generator().manual_seed(3)) > 0.3
+    windows["collector", "mask"] = valid
+    ref = reference_slots(rollout, 4, cells, heads)
+    valid = valid.squeeze(-1)
+    kept = valid & ref["kept"] if mode == "mask" else valid
+    weight = ref["weight"] if mode == "inverse_count" else torch.ones_like(ref["weight"])
+    out = RecurrentPPOLoss(actor, critic, boundary_mode=mode)(windows)
+    for name in ("objective", "critic", "entropy"):
+        expected = (ref[name] * weight * kept).sum() / (weight * valid).sum()
+        torch.testing.assert_close(out[f"loss_{name}"], expected, atol=1e-5, rtol=1e-5)
+    assert out["real_slots"].item() == kept.sum().item()

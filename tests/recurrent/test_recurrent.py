@@ -504,10 +504,13 @@ def test_out_keys_list_exactly_what_each_mode_writes(kind, how):
     module = ResetRNN(make_rnn(kind), state_shape=STATE_SHAPE.get(kind))
     outputs, states = WRITTEN[kind]
     step = TensorDict({"embed": torch.randn(B, F), "is_first": torch.ones(B, 1, dtype=torch.bool)}, [B])
+    # a carrying pass also marks the chunk: its start state, at the root and for the next view
+    marks = module.start_keys + [("next", *k) if isinstance(k, tuple) else ("next", k) for k in module.start_keys]
+    marks += [("next", "is_first")]
     for td, sequence, expected in [
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),
         (step, False, outputs + states),
-        (chunk(torch.randn(B, T, F), random_flags()), True, outputs),  # and back
+        (chunk(torch.randn(B, T, F), random_flags()), True, outputs + marks),  # and back
     ]:
         given = set(td.keys(True, True))
         mode = set_recurrent_mode(sequence) if how == "context" else contextlib.nullcontext()
@@ -750,13 +753,20 @@ def test_step_mode_refuses_a_missing_state_after_an_episode_start():
         lstm(partial)
 
 
-def test_step_mode_refuses_missing_flags_and_names_is_init():
+def test_step_mode_reads_is_init_then_is_first_and_refuses_missing_flags():
     module = ResetRNN(nn.GRUCell(F, H))
-    td = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3])
-    with pytest.raises(ValueError, match=r"'is_first', absent.*is_first_key='is_init'.*InitTracker\(init_key='is_first'\)"):
-        module(td)
-    # with the key TorchRL's collector writes, the same input runs
-    assert ResetRNN(nn.GRUCell(F, H), is_first_key="is_init")(td)["features"].shape == (3, H)
+    td = TensorDict({"embed": torch.randn(3, F)}, [3])
+    with pytest.raises(ValueError, match=r"'is_init' \(or 'is_first'\), absent.*InitTracker\(\)"):
+        module(td.clone())
+    # TorchRL's InitTracker key, and ours where it is absent
+    h = torch.randn(3, H)
+    flags = torch.tensor([[True], [False], [False]])
+    for key in ("is_init", "is_first"):
+        out = module(td.clone().update({key: flags, "recurrent_state": h}))
+        torch.testing.assert_close(out["recurrent_state"][0], torch.zeros(H))
+        torch.testing.assert_close(out["recurrent_state"][1:], h[1:])
+    both = td.clone().update({"is_init": flags, "is_first": ~flags, "recurrent_state": h})
+    assert (module(both)["recurrent_state"][0] == 0).all()  # is_init wins
 
 
 def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():

@@ -1,13 +1,16 @@
 """Clipped PPO for recurrent policies trained on windows that cross episode boundaries."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import dispatch
 from tensordict.utils import NestedKey, unravel_key
+from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.common import AUTO_LOSS_MASK_KEYS
 
 from ..recurrent.module import ResetRNN
 
@@ -86,6 +89,28 @@ def slot_weights(is_first: torch.Tensor, count_weight: torch.Tensor, boundary_mo
     return _trained_slots(is_first.bool(), boundary_mode).to(count_weight.dtype) / is_first.numel()
 
 
+def _reduce_windows(loss, kept, weight, input_mask, reduction: str) -> torch.Tensor:
+    """The one reduction of a per-slot ``loss [N, W]`` (see :class:`RecurrentPPOLoss`).
+
+    Slots outside ``kept`` count zero (selected, not multiplied: they may hold NaN); the
+    terms are multiplied by ``weight`` (``inverse_count``); ``"mean"`` divides by the sum of
+    ``weight`` (else by the slot count) over ``input_mask`` (TorchRL's loss masks; all
+    slots if ``None``), so ``"mask"``'s dropped slots stay in the denominator.
+    """
+    terms = torch.where(kept, loss, torch.zeros_like(loss))
+    if weight is not None:
+        terms = terms * weight
+    if reduction == "none":
+        return terms
+    if reduction == "sum":
+        return terms.sum()
+    if weight is not None:
+        denominator = weight.sum() if input_mask is None else weight[input_mask].sum()
+    else:
+        denominator = loss.numel() if input_mask is None else input_mask.sum().clamp_min(1)
+    return terms.sum() / denominator
+
+
 class RecurrentPPOLoss(ClipPPOLoss):
     """TorchRL's clipped PPO loss unrolled over windows ``[N, W]`` of a recurrent actor and critic.
 
@@ -127,6 +152,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
     ``ESS`` and ``explained_variance``, which it computes per window position, are
     averaged over the ``W`` positions, so (with ``reduction="mean"`` or ``"sum"``)
     every output entry is a 0-d tensor.
+
+    .. note:: One reduction: during the call ClipPPOLoss runs with ``reduction="none"``
+        (TorchRL's per-element contract), so every ``"loss_*"`` entry comes back per
+        slot, and this class reduces it once by ``boundary_mode`` with the ``reduction``
+        given here. TorchRL's loss masks (``loss_mask_key``) drop slots from both the
+        terms and the denominator, as in TorchRL. :attr:`in_keys` is sorted.
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
@@ -223,10 +254,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self.boundary_mode = boundary_mode
         self.set_keys(is_first=is_first_key, count_weight=count_weight_key)
 
-    def _set_in_keys(self):
-        super()._set_in_keys()
-        extra = [self.tensor_keys.is_first, self.tensor_keys.count_weight]
-        self._in_keys = list({*self._in_keys, *extra})
+    @property
+    def in_keys(self):
+        """ClipPPOLoss's input keys plus ``is_first`` and ``count_weight``, sorted (a fixed order)."""
+        keys = {*ClipPPOLoss.in_keys.fget(self), self.tensor_keys.is_first, self.tensor_keys.count_weight}
+        return sorted(keys, key=lambda key: (key,) if isinstance(key, str) else key)
+
+    @in_keys.setter
+    def in_keys(self, values):
+        ClipPPOLoss.in_keys.fset(self, values)
 
     @property
     def out_keys(self):
@@ -240,10 +276,26 @@ class RecurrentPPOLoss(ClipPPOLoss):
     def out_keys(self, values):
         self._out_keys = values
 
-    def _reduce_loss(self, loss: torch.Tensor, tensordict: TensorDictBase | None = None):
-        # ClipPPOLoss.forward reduces every "loss_*" entry through this hook; they
-        # are kept per slot here and reduced by boundary mode in forward.
-        return loss
+    @contextmanager
+    def _per_slot_terms(self):
+        """ClipPPOLoss reduces with ``self.reduction``: run it with ``"none"`` for per-slot terms."""
+        reduction, self.reduction = self.reduction, "none"
+        try:
+            yield reduction
+        finally:
+            self.reduction = reduction
+
+    def _input_mask(self, tensordict: TensorDictBase) -> torch.Tensor | None:
+        """TorchRL's loss masks found in the input (see ``loss_mask_key``), ANDed, bool ``[N, W]``."""
+        key = self.loss_mask_key
+        keys = () if key is None else AUTO_LOSS_MASK_KEYS if key == "auto" else (key,)
+        mask = None
+        for mask_key in keys:
+            value = tensordict.get(mask_key, None)
+            if value is not None:
+                value = value.reshape(tensordict.batch_size).bool()
+                mask = value if mask is None else mask & value
+        return mask
 
     def _window_entry(self, tensordict: TensorDictBase, name: str) -> torch.Tensor:
         key = getattr(self.tensor_keys, name)
@@ -287,36 +339,23 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """Clipped PPO losses of windows ``[N, W]``, reduced by ``boundary_mode``.
+        """Clipped PPO losses of windows ``[N, W]``, reduced once by ``boundary_mode``.
 
-        Returns ClipPPOLoss's output (``"loss_objective"``, ``"loss_critic"``,
-        ``"loss_entropy"``, ... with its ``reduction``) plus ``"real_slots"``,
-        ``"mean_count_weight"`` and ``"real_mean_<name>"`` for every ``"loss_<name>"``.
+        ClipPPOLoss computes every ``"loss_*"`` entry per slot (its ``reduction="none"``);
+        they are then reduced by :func:`_reduce_windows` with this loss's ``reduction``.
+        Returns ClipPPOLoss's entries plus ``"real_slots"``, ``"mean_count_weight"`` and
+        ``"real_mean_<name>"`` for every ``"loss_<name>"``.
         """
         trains, count_weight = self._slots(tensordict)
-        real = trains
-        for mask_key in self._loss_mask_keys():
-            mask = tensordict.get(mask_key, None)
-            if mask is not None:
-                real = real & mask.reshape(real.shape).bool()
-
-        out = super().forward(tensordict)  # "loss_*" entries per slot, see _reduce_loss
+        input_mask = self._input_mask(tensordict)
+        real = trains if input_mask is None else trains & input_mask
+        with self._per_slot_terms() as reduction, set_recurrent_mode(True):
+            out = super().forward(tensordict)
+        weight = count_weight if self.boundary_mode == "inverse_count" else None
         for name in [key for key in out.keys() if key.startswith("loss_")]:
             per_slot = out.get(name)
-            real_slots = self._expand_loss_mask(real, per_slot)
-            out.set(
-                f"real_mean_{name[5:]}",
-                per_slot.detach()[real_slots].mean(),
-            )
-            if self.boundary_mode == "inverse_count":
-                weights = self._expand_loss_mask(count_weight, per_slot)
-                reduced = super()._reduce_loss(per_slot, tensordict, weights=weights)
-            else:
-                # "mask" zeroes the dropped slots but keeps them in the denominator
-                kept = self._expand_loss_mask(trains, per_slot)
-                dropped_zero = torch.where(kept, per_slot, torch.zeros_like(per_slot))
-                reduced = super()._reduce_loss(dropped_zero, tensordict)
-            out.set(name, reduced)
+            out.set(f"real_mean_{name[5:]}", per_slot.detach()[real].mean())
+            out.set(name, _reduce_windows(per_slot, real, weight, input_mask, reduction))
         for name in ("ESS", "explained_variance"):
             # ClipPPOLoss reduces these over dim 0 only: one value per window position
             per_position = out.get(name, None)

@@ -14,6 +14,7 @@ from torch import nn
 from torchrl.modules import recurrent_mode
 
 from .backends import _BACKEND_NAMES, _unroll
+from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
 
 __all__ = ["ResetRNN"]
@@ -41,8 +42,8 @@ class ResetRNN(TensorDictModuleBase):
       With ``carry=True`` the final state of every row is kept, detached
       (truncated BPTT), and used at ``t = 0`` of the next call where
       ``is_first[:, 0]`` is False. Writes ``out_key`` ``[B, T, H_out]``
-      (for a TensorDict state, every entry under ``(*out_key, name)``) and
-      nothing else: the per-step states are not written.
+      (for a TensorDict state, every entry under ``(*out_key, name)``) and, when
+      carrying, the chunk marks of the note below; the per-step states are not written.
     * **Step mode** (acting in a collector, any batch shape, every element one env):
       reads the previous state from the state keys, resets elements where ``is_first``,
       writes the state it used into the root state keys (so a replay buffer stores the
@@ -52,8 +53,16 @@ class ResetRNN(TensorDictModuleBase):
       where every row starts an episode (the very first step), elsewhere a
       missing state is an error rather than a silent restart from zeros.
 
-    :attr:`out_keys` lists what the current mode writes: the output entries in
-    sequence mode; those, the state keys and the ``("next", *state_key)`` keys in
+    .. note:: With ``carry=True`` only the first sequence pass over a chunk carries: it
+        writes the state it started from under :attr:`start_keys` (root and ``"next"``)
+        and sets ``("next", is_first_key)`` to ``is_first | ("next", is_first_key)``; a
+        later pass over that chunk or its ``step_mdp`` view (a target or next-value pass,
+        as in TorchRL's ``DQNLoss``) starts from that state, resets where the chunk's
+        episodes start and leaves the carry alone. :attr:`carried_state` takes and
+        restores the carry. See ``docs/howto/reset-rnn.md``.
+
+    :attr:`out_keys` lists what the current mode writes: the output entries (and the
+    chunk marks when carrying) in sequence mode; the output entries, the state keys and the ``("next", *state_key)`` keys in
     step mode. When the mode is inferred from the batch, it is the mode of the
     latest call (step mode before the first). As the list follows the mode,
     ``select_out_keys`` is not supported.
@@ -79,9 +88,12 @@ class ResetRNN(TensorDictModuleBase):
         out_key (NestedKey): output features ``[*batch, H_out]``, or the new
             state's entries under ``(*out_key, name)`` for a TensorDict state.
             Default ``"features"``.
-        is_first_key (NestedKey): reset flags ``[*batch]`` or ``[*batch, 1]``, any
-            dtype, non-zero resets (``"is_init"`` for TorchRL's ``InitTracker``).
-            Default ``"is_first"``.
+        is_first_key (NestedKey): sequence-mode reset flags ``[*batch]`` or
+            ``[*batch, 1]``, any dtype, non-zero resets, as the chunk and window makers
+            write them. Default ``"is_first"``.
+        init_key (NestedKey): step-mode reset flags, as TorchRL's ``InitTracker``
+            writes them (the collector adds one itself); where absent, step mode reads
+            ``is_first_key``. Default ``"is_init"``.
         state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
         reset_state_key (NestedKey, optional): sequence mode only: stored memory
             taken at reset steps instead of the initial state (reset-and-continue
@@ -161,6 +173,7 @@ class ResetRNN(TensorDictModuleBase):
         in_key="embed",
         out_key="features",
         is_first_key="is_first",
+        init_key="is_init",
         state_key="recurrent_state",
         reset_state_key=None,
         initial_state: str = "zeros",
@@ -195,16 +208,22 @@ class ResetRNN(TensorDictModuleBase):
         self.carry = bool(carry)
         self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
         self.is_first_key = unravel_key(is_first_key)
+        self.init_key = unravel_key(init_key)
         self.state_keys = self._entry_keys(state_key, names)
         self.reset_state_keys = (
             None if reset_state_key is None else self._entry_keys(reset_state_key, names)
         )
-        self.in_keys = [self.in_key, self.is_first_key, *self.state_keys] + [
-            k for k in self.reset_state_keys or [] if k not in self.state_keys
-        ]
+        self.in_keys = list(dict.fromkeys(
+            [self.in_key, self.is_first_key, self.init_key, *self.state_keys, *(self.reset_state_keys or [])]
+        ))
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        self.start_keys = self._entry_keys(start_key(state_key), names)
+        self._chunk_marks = [  # what a carrying pass writes besides its output
+            *self.start_keys, *(unravel_key(("next", k)) for k in self.start_keys),
+            unravel_key(("next", self.is_first_key)),
+        ]
         self.default_recurrent_mode = default_recurrent_mode
         self._ran_sequence = False  # mode of the latest call, for an inferred mode
         self._warned_inferred = False
@@ -237,7 +256,7 @@ class ResetRNN(TensorDictModuleBase):
         if sequence is None:
             sequence = self._ran_sequence
         if sequence:
-            return list(self._output_keys)
+            return [*self._output_keys, *(self._chunk_marks if self.carry else ())]
         return [*self._output_keys, *self.state_keys, *self._next_keys]
 
     # -- state helpers -------------------------------------------------------
@@ -281,6 +300,17 @@ class ResetRNN(TensorDictModuleBase):
             for c, i, s in zip(self._carry, initial, self.state_shapes)
         )
 
+    @property
+    def carried_state(self) -> TensorDictBase | None:
+        """The state carried to the next chunk: ``None`` (none yet, or after :meth:`reset_carry`)
+        or a TensorDict with batch ``[B]`` (one row per stream) holding, under each of
+        :attr:`state_keys`, a detached ``[B, *S]`` tensor. Assign one (or ``None``) to restore it."""
+        return carry_as_tensordict(self._carry, self.state_keys)
+
+    @carried_state.setter
+    def carried_state(self, value) -> None:
+        self._carry = carry_from_tensordict(value, self.state_keys, self.state_shapes)
+
     def get_extra_state(self):
         return {"carry": None if self._carry is None else list(self._carry)}
 
@@ -292,10 +322,11 @@ class ResetRNN(TensorDictModuleBase):
         """A TorchRL ``TensorDictPrimer`` declaring the state entries in the env specs.
 
         Append it to a ``TransformedEnv`` (single env, ``SerialEnv`` or
-        ``ParallelEnv``; shapes are expanded to the env batch) together with an
-        ``InitTracker(init_key=is_first_key)``, so that the state written to
+        ``ParallelEnv``; shapes are expanded to the env batch) together with
+        TorchRL's ``InitTracker()``, so that the state written to
         ``("next", *state_key)`` moves to the root at every step and is zeroed
-        at resets.
+        at resets; TorchRL's collector with ``auto_register_policy_transforms=True``
+        appends both itself.
         """
         from torchrl.data import Unbounded
         from torchrl.envs import TensorDictPrimer
@@ -342,7 +373,10 @@ class ResetRNN(TensorDictModuleBase):
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
-        if self.carry and self._carry is not None:
+        start = view_start(rows, self.start_keys) if self.carry else None
+        if start is not None:  # a view of a chunk already carried: same start, no carry
+            h0 = tuple(s.to(x.device, self._dtype) for s in start)
+        elif self.carry and self._carry is not None:
             if self._carry[0].shape[0] == batch:
                 h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
             elif not bool(reset[:, :1].all()):  # T = 0 is refused by _unroll
@@ -357,7 +391,7 @@ class ResetRNN(TensorDictModuleBase):
         else:
             reset_state = None if self.initial is None else tuple(self.initial)
         y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
-        if self.carry:
+        if self.carry and start is None:
             if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
                 raise ValueError(
                     "ResetRNN(carry=True) ran under a torch.func transform (vmap, grad, e.g. an "
@@ -367,6 +401,7 @@ class ResetRNN(TensorDictModuleBase):
                     "is_first, from the initial state or reset_state_key), or call it plainly."
                 )
             self._carry = tuple(h.detach() for h in h_last)
+            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key)
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
@@ -382,13 +417,15 @@ class ResetRNN(TensorDictModuleBase):
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         initial = self._initial_state(batch, x.device)
-        is_first = rows.get(self.is_first_key, None)
+        is_first = rows.get(self.init_key, None)
+        if is_first is None:
+            is_first = rows.get(self.is_first_key, None)
         if is_first is None:
             raise ValueError(
-                f"step mode needs the episode-start flags {self.is_first_key!r}, absent from the "
-                f"input (its keys: {sorted(map(str, rows.keys(True, True)))}). TorchRL's "
-                "collector adds an InitTracker() writing 'is_init': pass is_first_key='is_init', "
-                f"or add InitTracker(init_key={self.is_first_key!r}) to the env."
+                f"step mode needs the episode-start flags {self.init_key!r} (or "
+                f"{self.is_first_key!r}), absent from the input (its keys: "
+                f"{sorted(map(str, rows.keys(True, True)))}). Add TorchRL's InitTracker() to the "
+                "env, or let the collector add it (auto_register_policy_transforms=True)."
             )
         reset = _reset_mask(is_first, (batch,), "is_first")
         keys = rows.keys(include_nested=True)
