@@ -54,13 +54,13 @@ def _dtype(rnn) -> torch.dtype:
 
 
 def _final_state(rnn) -> tuple:
-    carry = rnn.get_extra_state()["carry"]
+    carry = rnn.carried_state  # the state after the pass's last step, [B] entries
     if carry is None:
         raise ValueError(
             "the ResetRNN kept no final state: build it with carry=True (unroll_with_next "
             "reads the state after the chunk's last step from it)."
         )
-    return tuple(carry)
+    return tuple(carry.get(key) for key in rnn.state_keys)
 
 
 def unroll_with_next(
@@ -145,7 +145,7 @@ def unroll_with_next(
         raise ValueError(
             f"tensordict must have batch_size [B, T] with T >= 1, got {list(tensordict.shape)}."
         )
-    own = {rnn.is_first_key, *rnn.state_keys, *rnn.reset_state_keys}
+    own = {rnn.is_first_key, rnn.init_key, *rnn.state_keys, *rnn.reset_state_keys}
     if observation_keys is None:
         observation_keys = [k for k in network.in_keys if unravel_key(k) not in own]
     observation_keys = [unravel_key(k) for k in observation_keys]
