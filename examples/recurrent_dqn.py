@@ -131,6 +131,13 @@ class Config:
     """show a progress bar"""
 
     def __post_init__(self) -> None:
+        self.check()
+        if not self.name:
+            start = "carry" if self.replay == "streams" else self.initial_state
+            self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}_seed{self.seed}"
+
+    def check(self) -> None:
+        """Every option against its meaning; a ValueError names the flag and the fix."""
         ints = {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
                 "collect_len": 1, "batch_rows": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
                 "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0, "return_window": 1}
@@ -143,6 +150,7 @@ class Config:
             options.real(name, getattr(self, name), 0.0, open_low=True)
         options.real("tau", self.tau, 0.0, 1.0, open_low=True)
         options.device("device", self.device)
+        options.gym_id("env", self.env)
         if self.keep not in ("auto", "all"):
             options.int_list("keep", self.keep, low=0)
         if self.target_return != "auto":
@@ -155,9 +163,6 @@ class Config:
                              "start from the carried state.")
         if self.replay != "sequence" and self.burn_in != Config.burn_in:
             raise ValueError("--burn-in applies to --replay sequence only.")
-        if not self.name:
-            start = "carry" if self.replay == "streams" else self.initial_state
-            self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}_seed{self.seed}"
 
     @property
     def target(self) -> float | None:
