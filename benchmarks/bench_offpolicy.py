@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from bench_boundary import paired_stats  # benchmarks/bench_boundary.py
 from bench_learning import plot_runs  # benchmarks/bench_learning.py
+from bench_memory import cell_summary  # benchmarks/bench_memory.py
 from tqdm import tqdm
 
 from toolkit import options  # benchmarks/toolkit.py: puts examples/ on the path
@@ -69,11 +70,10 @@ def run(task: str, recipe: str, seed: int, args) -> list[dict]:
 
 
 def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
-    means = [r["return_mean"] for r in rows if r["return_mean"] == r["return_mean"]]
-    reached = [r["frames"] for r in rows if r["return_mean"] >= threshold]
-    last = rows[-1]
-    return {"frames_to_threshold": reached[0] if reached else cap, "mmer": max(means, default=float("nan")),
-            "final_return": last["return_mean"],
+    """MMER, frames to ``threshold`` (``cap`` if never), final return, gradient steps per
+    second of learning time and recurrent steps per gradient step of one run."""
+    last = rows[-1]  # every recipe reports after the same collector batches
+    return {**cell_summary(rows, threshold, cap, {r["frames"] for r in rows}), "final_return": last["return_mean"],
             "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9),
             "recurrent_steps_per_grad_step": last["recurrent_steps_per_grad_step"]}
 
