@@ -45,6 +45,7 @@ from torchrl.objectives import HardUpdate, SoftUpdate
 from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
 
 from common import envs, options, report  # examples/common
+from common.ppo import finished_returns
 
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 
@@ -260,12 +261,6 @@ def make_loss(cfg: Config, qnet, rnn):
     updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
                else SoftUpdate(loss, tau=cfg.tau))
     return loss, updater
-
-
-def finished_returns(steps: TensorDictBase) -> list[float]:
-    """The raw returns of the episodes that end in `steps` (any batch shape)."""
-    done = steps["next", "done"].squeeze(-1)
-    return steps["next", "episode_reward"][done].squeeze(-1).tolist()
 
 
 def main(cfg: Config) -> list[dict]:
