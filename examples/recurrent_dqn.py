@@ -102,7 +102,7 @@ class Config:
     """replay capacity in frames (a multiple of num_envs)"""
     learning_starts: int = 2_000
     """frames collected before the first gradient step"""
-    replay_ratio: float = 4.0
+    replay_ratio: float = 16.0
     """steps trained (B * T per gradient step) per env frame"""
     # model and loss
     hidden: int = 64

@@ -99,3 +99,17 @@ def test_the_window_first_step_resets_at_an_episode_start(replay, initial_state)
         loss._carries = {"online": carry, "target": carry}
         values.append(loss(recurrent_dqn.sample(cfg, Handed(data)))["loss"])
     torch.testing.assert_close(values[0], values[1])
+
+
+def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, str(EXAMPLES / "recurrent_dqn.py"), "--help"], capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for flag in ("--env", "--keep", "--total-frames", "--seed", "--runs-dir", "--name", "--no-progress",
+                 "--replay", "--initial-state", "--burn-in", "--replay-ratio", "--threads"):
+        assert flag in result.stdout, flag
+    assert "streams,sequence,slice" in result.stdout.replace(" ", "")
