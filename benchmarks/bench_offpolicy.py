@@ -1,0 +1,224 @@
+"""Recurrent off-policy recipes side by side: stream chunks against TorchRL's own sequence replay.
+
+Every run is ``examples/recurrent_dqn.py`` (double DQN, 3-step targets, a target
+network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay`` and
+``--initial-state`` changed, so the recipes see equal env frames and equal gradient steps
+(the same replay ratio of ``B * T`` learned steps per frame):
+
+- ``streams``: ``StreamChunkSampler(B, T)``, each network carrying its state per stream;
+- ``sequence``: TorchRL's ``Sequence(T, "include_reset", burn_in=K)`` from the stored state;
+- ``slice``: TorchRL's ``SliceSampler(slice_len=T)`` from the stored state;
+- ``slice-zero``: the same from a zero state.
+
+Per run: frames until the mean return of the last 20 episodes first reaches
+``--threshold`` (the frame budget if never), MMER (POPGym's max over the run of the mean
+episode return), the final mean return, gradient steps per second of learning time and
+recurrent steps computed per gradient step (a burn-in is paid in forward passes). Runs
+with the same seed share env draws and initial weights, so each TorchRL recipe is
+compared with ``streams`` pair by pair: mean paired difference, 95% bootstrap interval,
+exact sign-flip p-value (``bench_boundary.paired_stats``).
+
+Beside the grid, ``--speed`` times gradient steps per second of ``streams`` against
+``sequence`` at equal ``B, T`` (burn-in 0 and ``K``) on one buffer of random-policy steps,
+interleaved A/B so that machine load hits both alike.
+
+Writes under ``--out``: ``offpolicy.csv`` (one row per collector batch of every run),
+``offpolicy_summary.csv`` (one row per run), ``offpolicy.png`` (mean and range over seeds,
+one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task>``
+(median over seeds), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
+``grad_steps_per_s_streams_vs_sequence_burnin<k>``.
+
+    python benchmarks/bench_offpolicy.py --tasks cartpole --seeds 1,2,3 --frames 12000
+    python benchmarks/bench_offpolicy.py --speed-only
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_boundary import paired_stats  # benchmarks/bench_boundary.py
+from bench_learning import plot_runs  # benchmarks/bench_learning.py
+from bench_memory import cell_summary  # benchmarks/bench_memory.py
+from tqdm import tqdm
+
+from toolkit import options  # benchmarks/toolkit.py: puts examples/ on the path
+
+import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
+
+RECIPES = {"streams": ("streams", "stored"), "sequence": ("sequence", "stored"),
+           "slice": ("slice", "stored"), "slice-zero": ("slice", "zero")}
+TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
+    "cartpole": ("CartPole-v1", 450.0),
+    "repeat_first": ("popgym:popgym-RepeatFirstEasy-v0", 0.5),
+    "repeat_previous": ("popgym:popgym-RepeatPreviousEasy-v0", 0.5),
+    "count_recall": ("popgym:popgym-CountRecallEasy-v0", 0.5),
+}
+
+
+def run(task: str, recipe: str, seed: int, args) -> list[dict]:
+    replay, initial_state = RECIPES[recipe]
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = recurrent_dqn.Config(env=TASKS[task][0], replay=replay, initial_state=initial_state, seed=seed,
+                                   total_frames=args.frames, runs_dir=runs, name="cell", progress=False)
+        return recurrent_dqn.main(cfg)
+
+
+def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
+    """MMER, frames to ``threshold`` (``cap`` if never), final return, gradient steps per
+    second of learning time and recurrent steps per gradient step of one run."""
+    last = rows[-1]  # every recipe reports after the same collector batches
+    return {**cell_summary(rows, threshold, cap, {r["frames"] for r in rows}), "final_return": last["return_mean"],
+            "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9),
+            "recurrent_steps_per_grad_step": last["recurrent_steps_per_grad_step"]}
+
+
+def speed(args) -> dict[int, float]:
+    """Gradient steps per second, streams over sequence, per burn-in, interleaved A/B."""
+    base = dict(seed=0, progress=False, total_frames=args.speed_frames, learning_starts=10**9)
+    buffers, losses = {}, {}
+    first = recurrent_dqn.Config(**base)
+    qnet, rnn, policy = recurrent_dqn.make_qnet(first, recurrent_dqn.envs.make_env(first))
+    env = recurrent_dqn.envs.make_acting_env(first, [rnn], 0)
+    with torch.no_grad():
+        data = env.rollout(args.speed_frames // first.num_envs, policy, break_when_any_done=False).contiguous()
+    env.close()
+    ids = data["is_first"].squeeze(-1).long().cumsum(1) + 10_000 * torch.arange(data.shape[0]).unsqueeze(1)
+    data["collector", "traj_ids"] = ids  # one id per episode of each env
+    variants = {"streams": recurrent_dqn.Config(**base)}
+    for k in (0, recurrent_dqn.Config.burn_in):
+        variants[f"sequence_burnin{k}"] = recurrent_dqn.Config(replay="sequence", burn_in=k, **base)
+    for name, cfg in variants.items():
+        buffers[name] = recurrent_dqn.make_buffer(cfg)
+        recurrent_dqn.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
+        losses[name] = recurrent_dqn.make_loss(cfg, qnet, rnn)[0]
+    seconds = dict.fromkeys(variants, 0.0)
+    optim = torch.optim.Adam(qnet.parameters(), lr=1e-4)
+    for _ in tqdm(range(args.speed_rounds), desc="speed"):
+        for name, cfg in variants.items():
+            start = time.perf_counter()
+            for _ in range(args.speed_steps):
+                out = losses[name](recurrent_dqn.sample(cfg, buffers[name]))
+                optim.zero_grad()
+                out["loss"].backward()
+                optim.step()
+            seconds[name] += time.perf_counter() - start
+    steps = args.speed_rounds * args.speed_steps
+    for name in variants:
+        print(f"{name}: {steps / seconds[name]:.1f} gradient steps/s")
+    ratios = {}
+    for k in (0, recurrent_dqn.Config.burn_in):
+        ratios[k] = seconds[f"sequence_burnin{k}"] / seconds["streams"]
+        print(f"RATIO grad_steps_per_s_streams_vs_sequence_burnin{k} {ratios[k]:.3f}")
+    return ratios
+
+
+def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for recipe in recipes:
+            plot_runs(ax, curves[(task, recipe)], recipe, lw=1)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("env frames", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel("mean return, last 20 episodes", fontsize=8)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[int]) -> list[str]:
+    """The paired table (markdown lines) and the RATIO lines of the learning grid."""
+    rng = np.random.default_rng(0)
+    lines = ["| task | recipe | median MMER | median frames to threshold | median final return "
+             "| grad steps/s | recurrent steps/grad step | streams - recipe, MMER: mean [95% CI], p |",
+             "|---" * 8 + "|"]
+    for task in tasks:
+        for recipe in recipes:
+            runs = [summaries[(task, recipe, s)] for s in seeds]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            cell = ""
+            if recipe != "streams":
+                diffs = [summaries[(task, "streams", s)]["mmer"] - summaries[(task, recipe, s)]["mmer"] for s in seeds]
+                mean, low, high, p = paired_stats(diffs, rng)
+                cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}"
+                ours = statistics.median(summaries[(task, "streams", s)]["mmer"] for s in seeds)
+                theirs = statistics.median(r["mmer"] for r in runs)
+                print(f"RATIO mmer_streams_vs_{recipe}_{task} {ours / theirs if theirs else float('nan'):.3f}")
+                frames_ours = statistics.median(summaries[(task, "streams", s)]["frames_to_threshold"] for s in seeds)
+                print(f"RATIO frames_to_threshold_{recipe}_vs_streams_{task} "
+                      f"{med['frames_to_threshold'] / frames_ours:.3f}")
+            lines.append(f"| {task} | {recipe} | {med['mmer']:.2f} | {med['frames_to_threshold']:.0f} | "
+                         f"{med['final_return']:.2f} | {med['grad_steps_per_s']:.1f} | "
+                         f"{med['recurrent_steps_per_grad_step']:.0f} | {cell} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, streams first, from {tuple(RECIPES)}")
+    parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
+    parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
+    parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")
+    parser.add_argument("--speed-only", action="store_true", help="only the gradient-steps/s comparison")
+    parser.add_argument("--no-speed", action="store_true", help="skip the gradient-steps/s comparison")
+    parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
+    parser.add_argument("--speed-rounds", type=int, default=5, help="A/B rounds of the speed comparison")
+    parser.add_argument("--speed-steps", type=int, default=10, help="gradient steps per recipe per round")
+
+    def check(args) -> None:
+        options.names("tasks", args.tasks, tuple(TASKS))
+        if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
+            raise ValueError("--recipes must start with streams (the others are compared with it).")
+
+    args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
+                         int_lists={"seeds": 0}, check=check)
+    tasks, recipes, seeds = args.tasks.split(","), args.recipes.split(","), args.seeds
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.no_speed:
+        speed(args)
+    if args.speed_only:
+        return
+    key = ("task", "recipe", "seed")
+    extra = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")
+    curves, summaries = {}, {}
+    grid = [(task, seed, recipe) for task in tasks for seed in seeds for recipe in recipes]
+    with open(out / "offpolicy.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*key, "frames", "wall_s", "return_mean", *extra])
+        writer.writeheader()
+        for task, seed, recipe in tqdm(grid, desc="grid"):
+            rows = run(task, recipe, seed, args)
+            writer.writerows({"task": task, "recipe": recipe, "seed": seed,
+                              **{k: r[k] for k in ("frames", "wall_s", "return_mean", *extra)}} for r in rows)
+            f.flush()
+            curves.setdefault((task, recipe), []).append(rows)
+            summaries[(task, recipe, seed)] = summarize(rows, TASKS[task][1], args.frames)
+    with open(out / "offpolicy_summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*key, *next(iter(summaries.values()))])
+        writer.writerows([*k, *(f"{v:.4g}" for v in s.values())] for k, s in summaries.items())
+    lines = [f"{args.frames} frames per run, seeds {args.seeds}", "", *compare(summaries, tasks, recipes, seeds)]
+    (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(curves, tasks, recipes, out / "offpolicy.png")
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Recurrent Q-learning from replay (R2D2-style), composed from TorchRL and torchrl_seqchunk.
+
+Default task: CartPole-v1 without its velocity components, as the main job's. Double DQN
+with n-step returns, a target network (TorchRL's SoftUpdate, or HardUpdate), per-env
+epsilon-greedy (env i explores with eps_base ** (1 + eps_alpha * i / (num_envs - 1)), as
+Ape-X and R2D2 do) and a replay ratio. `--replay` chooses how training sequences come
+from replay, everything else equal:
+
+    python examples/recurrent_dqn.py                        # streams: [B, T] stream chunks, carried state
+    python examples/recurrent_dqn.py --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
+    python examples/recurrent_dqn.py --replay slice         # TorchRL's SliceSampler, stored state
+    python examples/recurrent_dqn.py --replay slice --initial-state zero   # the zero-state baseline
+    python examples/recurrent_dqn.py --env popgym:popgym-RepeatPreviousEasy-v0
+
+Pipeline per iteration:
+  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2: the
+     masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
+     so the buffer stores the memory it had at every step;
+  2. the batch goes into a TensorDictReplayBuffer: flat for StreamChunkSampler(B, T), or a
+     [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
+     SliceSampler(T);
+  3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
+     targets are right at every boundary; `streams` carries each network's state from a
+     chunk to the next, the others start each window from the stored (or a zero) state and
+     reset at every episode start, the window's first step too.
+Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.sample_units import Sequence
+from torchrl.modules import MLP, EGreedyModule, QValueModule
+from torchrl.objectives import HardUpdate, SoftUpdate
+
+from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
+
+from common import envs, options, report  # examples/common
+from common.ppo import finished_returns
+
+LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
+
+
+@dataclasses.dataclass
+class Config:
+    env: str = "CartPole-v1"
+    """gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatPreviousEasy-v0)"""
+    keep: str = "auto"
+    """observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)"""
+    max_episode_steps: int = 0
+    """truncate episodes after this many steps (gymnasium's TimeLimit); 0 keeps the env's own limit"""
+    total_frames: int = 60_000
+    """env frames of the run"""
+    seed: int = 0
+    """seed of torch, the envs and the sampler"""
+    device: str = "cpu"
+    """torch device of the models and the collector"""
+    threads: int = 1
+    """torch intra-op threads; small models run fastest on one (about 7x here)"""
+    num_envs: int = 8
+    """envs stepped by the collector, each with its own epsilon"""
+    parallel: bool = False
+    """ParallelEnv workers instead of SerialEnv (cheap envs: serial wins)"""
+    name: str = ""
+    """run directory name under --runs-dir; "" derives it from the options"""
+    runs_dir: str = "runs"
+    """folder of the run directories"""
+    overwrite: bool = False
+    """replace the outputs of a finished run of the same name"""
+    # collection
+    collect_len: int = 16
+    """steps per env per collector batch; frames per batch = num_envs * collect_len"""
+    obs_norm: bool = True
+    """normalize observations by their running mean and std (TorchRL's VecNormV2)"""
+    reward_norm: bool = False
+    """divide rewards by the running std of the discounted return (ReturnScaledReward)"""
+    eps_base: float = 0.4
+    """per-env epsilon-greedy: env i explores with eps_base ** (1 + eps_alpha * i / (num_envs - 1))"""
+    eps_alpha: float = 7.0
+    """per-env epsilon-greedy exponent spread"""
+    # replay
+    replay: Literal["streams", "sequence", "slice"] = "streams"
+    """stream chunks with a carried state, TorchRL's Sequence unit (burn-in), or its SliceSampler"""
+    initial_state: Literal["stored", "zero"] = "stored"
+    """sequence / slice only: each window starts from the actor's stored memory, or from zeros"""
+    batch_rows: int = 16
+    """B: sequences per gradient step"""
+    seq_len: int = 20
+    """T: steps per sequence that count in the loss"""
+    burn_in: int = 10
+    """sequence only: steps unrolled before each sequence without counting in the loss"""
+    buffer_size: int = 100_000
+    """replay capacity in frames (a multiple of num_envs)"""
+    learning_starts: int = 2_000
+    """frames collected before the first gradient step"""
+    replay_ratio: float = 16.0
+    """steps trained (B * T per gradient step) per env frame"""
+    # model and loss
+    hidden: int = 64
+    """units of the encoder, the GRU and the Q head"""
+    gamma: float = 0.99
+    """discount, in [0, 1]"""
+    n_steps: int = 3
+    """n of the n-step targets"""
+    double_dqn: bool = True
+    """the online network picks the next action, the target network values it"""
+    lr: float = 5e-4
+    """Adam learning rate, > 0"""
+    max_grad_norm: float = 10.0
+    """global gradient norm clip, > 0"""
+    tau: float = 0.01
+    """SoftUpdate rate of the target network, in (0, 1]"""
+    hard_update: int = 0
+    """gradient steps between HardUpdate copies of the target network; 0: SoftUpdate with --tau"""
+    # reporting
+    return_window: int = 20
+    """episodes averaged in the reported mean return"""
+    target_return: str = "auto"
+    """mean return whose first frame is reported; "auto": 450 on CartPole-v1, none elsewhere"""
+    stop_at_target: bool = False
+    """end the run once the mean return reaches the target"""
+    progress: bool = True
+    """show a progress bar"""
+
+    def __post_init__(self) -> None:
+        self.check()
+        if not self.name:
+            start = "carry" if self.replay == "streams" else self.initial_state
+            self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}_seed{self.seed}"
+
+    def check(self) -> None:
+        """Every option against its meaning; a ValueError names the flag and the fix."""
+        ints = {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
+                "collect_len": 1, "batch_rows": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
+                "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0, "return_window": 1}
+        for name, low in ints.items():
+            options.integer(name, getattr(self, name), low)
+        options.real("gamma", self.gamma, 0.0, 1.0)
+        options.real("eps_base", self.eps_base, 0.0, 1.0)
+        options.real("eps_alpha", self.eps_alpha, 0.0)
+        for name in ("replay_ratio", "lr", "max_grad_norm"):
+            options.real(name, getattr(self, name), 0.0, open_low=True)
+        options.real("tau", self.tau, 0.0, 1.0, open_low=True)
+        options.device("device", self.device)
+        options.gym_id("env", self.env)
+        if self.keep not in ("auto", "all"):
+            options.int_list("keep", self.keep, low=0)
+        if self.target_return != "auto":
+            options.real("target_return", float(self.target_return))
+        if self.buffer_size % self.num_envs:
+            raise ValueError(f"--buffer-size ({self.buffer_size}) must be a multiple of --num-envs "
+                             f"({self.num_envs}): the sequence and slice storages hold [time, env].")
+        if self.replay == "streams" and self.initial_state != "stored":
+            raise ValueError("--initial-state applies to --replay sequence / slice; stream chunks "
+                             "start from the carried state.")
+        if self.replay != "sequence" and self.burn_in != Config.burn_in:
+            raise ValueError("--burn-in applies to --replay sequence only.")
+
+    @property
+    def target(self) -> float | None:
+        """The target mean return, or None."""
+        if self.target_return == "auto":
+            return 450.0 if self.env == "CartPole-v1" else None
+        return float(self.target_return)
+
+    @property
+    def window(self) -> int:
+        """Steps unrolled per sequence: T, plus the burn-in for --replay sequence."""
+        return self.seq_len + (self.burn_in if self.replay == "sequence" else 0)
+
+
+def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorDictSequential]:
+    """Q-network (encoder -> ResetRNN(GRU) -> Q head), its ResetRNN and the acting policy
+    (Q-network -> QValueModule -> per-env EGreedyModule)."""
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    action_spec = env.full_action_spec_unbatched["action"]  # QValueModule takes one env's spec
+    rnn = ResetRNN(nn.GRU(cfg.hidden, cfg.hidden, batch_first=True), in_key="q_embed", out_key="q_features",
+                   # the loss starts every row through the reset state (carried, stored or zeros)
+                   state_key="q_state", reset_state_key="q_state")
+    qnet = TensorDictSequential(
+        TensorDictModule(nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()), ["observation"], ["q_embed"]),
+        rnn,
+        TensorDictModule(MLP(in_features=cfg.hidden, out_features=action_spec.shape[-1], num_cells=[cfg.hidden],
+                             activation_class=nn.ReLU), ["q_features"], ["action_value"]),
+    )
+    explore = EGreedyModule(action_spec, eps_init=cfg.eps_base, eps_end=cfg.eps_base)
+    spread = torch.arange(cfg.num_envs) / max(cfg.num_envs - 1, 1)
+    eps = cfg.eps_base ** (1 + cfg.eps_alpha * spread)  # [num_envs], constant
+    explore.eps, explore.eps_init, explore.eps_end = eps.clone(), eps.clone(), eps.clone()
+    policy = TensorDictSequential(qnet, QValueModule(spec=action_spec, action_value_key="action_value"), explore)
+    return qnet, rnn, policy
+
+
+def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
+    """The recipe's replay buffer; every recipe samples B sequences of `cfg.window` steps."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    if cfg.replay == "streams":
+        sampler = StreamChunkSampler(cfg.batch_rows, cfg.seq_len, traj_key=("collector", "traj_ids"),
+                                     only_complete=False, generator=generator)
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), sampler=sampler,
+                                      batch_size=cfg.batch_rows * cfg.seq_len)
+    storage = LazyTensorStorage(cfg.buffer_size, ndim=2)  # [time, env]: each env's steps in order
+    if cfg.replay == "sequence":
+        unit = Sequence(length=cfg.seq_len, episode_boundary="include_reset", burn_in=cfg.burn_in)
+        return TensorDictReplayBuffer(storage=storage, sample_unit=unit, batch_size=cfg.batch_rows,
+                                      generator=generator)
+    # init_key=None: the stored is_first flags stay; the window's first step starts from the
+    # stored state unless it is an episode start (then from zeros)
+    sampler = SliceSampler(slice_len=cfg.seq_len, end_key=("next", "done"), strict_length=False,
+                           pad_output=True, init_key=None)
+    return TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=cfg.batch_rows * cfg.seq_len,
+                                  generator=generator)
+
+
+def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) -> None:
+    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for streams)."""
+    buffer.extend(batch.reshape(-1) if cfg.replay == "streams" else batch)
+
+
+def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
+    """B sequences [B, L] with is_first, and LEARN where they count in the loss (windows).
+
+    The steps past a window's real ones (repeats of the newest record, or of a short
+    episode's last step) become one episode of their own, out of the loss, so that the
+    last real step bootstraps from its own next observation."""
+    batch = buffer.sample()
+    if cfg.replay == "streams":
+        return batch  # [B, T], is_first from the sampler
+    batch = batch.reshape(cfg.batch_rows, cfg.window)
+    if cfg.replay == "sequence":
+        valid = batch["validity_mask"]
+        learn = batch["learning_mask"] & valid
+    else:
+        valid = learn = batch.get(("collector", "mask"), None)  # written when a slice was padded
+        if valid is None:
+            valid = learn = torch.ones(batch.shape, dtype=torch.bool)
+    past = (~valid & valid.long().cummax(1).values.bool()).unsqueeze(-1)  # after the last real step
+    first_past = past & ~torch.cat([torch.zeros_like(past[:, :1]), past[:, :-1]], 1)
+    batch["is_first"] = (batch["is_first"] & ~past) | first_past
+    for key in ("done", "terminated", "truncated"):
+        batch["next", key] = batch["next", key] & ~past
+    batch[LEARN] = learn
+    return batch
+
+
+def make_loss(cfg: Config, qnet, rnn):
+    loss = RecurrentDQNLoss(
+        qnet, rnn, gamma=cfg.gamma, n_steps=cfg.n_steps, double_dqn=cfg.double_dqn,
+        initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
+        mask_key=None if cfg.replay == "streams" else LEARN,
+    )
+    updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
+               else SoftUpdate(loss, tau=cfg.tau))
+    return loss, updater
+
+
+def main(cfg: Config) -> list[dict]:
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    frames_per_batch = cfg.num_envs * cfg.collect_len
+    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch
+    out_dir = report.check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
+    qnet, rnn, policy = make_qnet(cfg, envs.make_env(cfg, warn=True))
+    env = envs.make_acting_env(cfg, [rnn], cfg.seed)
+    collector = Collector(env, policy.to(cfg.device), frames_per_batch=frames_per_batch,
+                          total_frames=planned_frames, device=cfg.device,
+                          auto_register_policy_transforms=False)  # InitTracker(init_key="is_first") is there
+    buffer = make_buffer(cfg)
+    loss_module, updater = make_loss(cfg, qnet, rnn)
+    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)
+    log = report.Report(out_dir, planned_frames=planned_frames, target=cfg.target,
+                        return_window=cfg.return_window, stop_at_target=cfg.stop_at_target,
+                        progress=cfg.progress)
+    credit, grad_steps, recurrent_steps, learn_s = 0.0, 0, 0, 0.0
+    last = {"loss": float("nan"), "td_error": float("nan")}
+    for batch in collector:  # [num_envs, collect_len]
+        torch.set_num_threads(cfg.threads)  # TorchRL's batched env raises it when it closes
+        write(cfg, buffer, batch)
+        if log.frames + batch.numel() >= cfg.learning_starts:
+            credit += cfg.replay_ratio * batch.numel() / (cfg.batch_rows * cfg.seq_len)
+        start = time.perf_counter()
+        while credit >= 1.0:
+            credit -= 1.0
+            out = loss_module(sample(cfg, buffer).to(cfg.device))
+            optim.zero_grad()
+            out["loss"].backward()
+            nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)
+            optim.step()
+            updater.step()
+            grad_steps += 1
+            recurrent_steps += int(out["recurrent_steps"])
+            last = {"loss": out["loss"].item(), "td_error": out["td_error"].item()}
+        learn_s += time.perf_counter() - start
+        log.add(batch.numel(), finished_returns(batch),
+                {**last, "grad_steps": grad_steps, "learn_s": round(learn_s, 3),
+                 "recurrent_steps_per_grad_step": recurrent_steps / max(grad_steps, 1)})
+        if log.reached:
+            break
+    collector.shutdown()
+    log.close(cfg.name)
+    return log.rows
+
+
+if __name__ == "__main__":
+    main(options.cli(Config, __doc__))

@@ -1,0 +1,45 @@
+"""benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks and a tiny speed run."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_offpolicy  # noqa: E402
+
+
+def command(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_offpolicy.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+def test_run_metrics_by_hand():
+    rows = [{"frames": 128, "return_mean": float("nan"), "grad_steps": 0, "learn_s": 0.0,
+             "recurrent_steps_per_grad_step": 0.0},
+            {"frames": 256, "return_mean": 20.0, "grad_steps": 4, "learn_s": 2.0,
+             "recurrent_steps_per_grad_step": 700.0},
+            {"frames": 384, "return_mean": 12.0, "grad_steps": 10, "learn_s": 4.0,
+             "recurrent_steps_per_grad_step": 704.0}]
+    assert bench_offpolicy.summarize(rows, 15.0, 1000) == {
+        "mmer": 20.0, "frames_to_threshold": 256, "final_return": 12.0, "grad_steps_per_s": 2.5,
+        "recurrent_steps_per_grad_step": 704.0}
+    assert bench_offpolicy.summarize(rows, 30.0, 1000)["frames_to_threshold"] == 1000  # a miss is the cap
+
+
+def test_options_are_checked_before_anything_runs(tmp_path):
+    result = command("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_tiny_speed_run_prints_its_ratios(tmp_path):
+    result = command("--speed-only", "--speed-frames", "128", "--speed-rounds", "1", "--speed-steps", "1",
+                     "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ratios = [line for line in result.stdout.splitlines() if line.startswith("RATIO")]
+    assert [line.split()[1] for line in ratios] == ["grad_steps_per_s_streams_vs_sequence_burnin0",
+                                                     "grad_steps_per_s_streams_vs_sequence_burnin10"]
+    assert all(float(line.split()[2]) > 0 for line in ratios)

@@ -1,0 +1,115 @@
+"""examples/recurrent_dqn.py: a tiny run of every recipe, and the reset at a window's first step."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import recurrent_dqn  # noqa: E402
+
+RECIPES = [("streams", "stored"), ("sequence", "stored"), ("slice", "stored"), ("slice", "zero")]
+TINY = dict(total_frames=256, learning_starts=96, num_envs=2, collect_len=8, batch_rows=2, seq_len=4,
+            hidden=8, buffer_size=512, replay_ratio=2.0, progress=False)
+
+
+@pytest.mark.parametrize("replay,initial_state", RECIPES)
+def test_tiny_run_of_every_recipe(replay, initial_state, tmp_path):
+    cfg = recurrent_dqn.Config(replay=replay, initial_state=initial_state, runs_dir=str(tmp_path), **TINY)
+    rows = recurrent_dqn.main(cfg)
+    assert rows[-1]["frames"] == 256 and rows[-1]["grad_steps"] == 44  # ratio 2 x 176 frames from the batch reaching 96, / (2 x 4)
+    window = 4 + (10 if replay == "sequence" else 0)
+    # both networks unroll every row's steps, plus the chunk-end step, at least
+    assert rows[-1]["recurrent_steps_per_grad_step"] >= 2 * 2 * (window + 1)
+    out = tmp_path / cfg.name
+    assert (out / "metrics.csv").exists() and (out / "learning_curve.png").exists()
+
+
+def test_options_that_do_not_apply_are_refused():
+    with pytest.raises(ValueError, match="--initial-state"):
+        recurrent_dqn.Config(replay="streams", initial_state="zero")
+    with pytest.raises(ValueError, match="--burn-in"):
+        recurrent_dqn.Config(replay="slice", burn_in=3)
+    with pytest.raises(ValueError, match="--buffer-size"):
+        recurrent_dqn.Config(buffer_size=1001, num_envs=8)
+
+
+class Handed:
+    """A buffer whose sample() hands back a fixed batch (what the recipe's sampler returns)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def sample(self):
+        return self.batch.clone()
+
+
+def raw_sample(replay, rows, steps, start, generator):
+    """What the recipe's buffer returns: steps of two episodes per row, the second starting
+    at `start`; stored memories (and flags) as the sampler hands them over."""
+    is_first = torch.zeros(rows, steps, 1, dtype=torch.bool)
+    is_first[:, start] = True
+    done = torch.zeros_like(is_first)
+    done[:, start - 1] = start > 0
+    obs = torch.randn(rows, steps, 2, generator=generator)
+    next_obs = torch.cat([obs[:, 1:], torch.randn(rows, 1, 2, generator=generator)], 1)
+    next_obs[:, start - 1] = torch.randn(rows, 2, generator=generator) if start > 0 else next_obs[:, start - 1]
+    batch = TensorDict({
+        "observation": obs, ("next", "observation"): next_obs, "is_first": is_first,
+        ("next", "done"): done, ("next", "terminated"): done.clone(), ("next", "truncated"): done & False,
+        ("next", "reward"): torch.randn(rows, steps, 1, generator=generator),
+        "action": nn.functional.one_hot(torch.randint(2, (rows, steps), generator=generator), 2),
+        "q_state": torch.randn(rows, steps, 1, 8, generator=generator),  # e.g. a burnt-in state
+    }, batch_size=[rows, steps])
+    if replay == "sequence":
+        batch["learning_mask"] = torch.arange(steps).expand(rows, steps) >= start
+        batch["validity_mask"] = torch.ones(rows, steps, dtype=torch.bool)
+    if replay == "slice":
+        batch["collector", "mask"] = torch.ones(rows, steps, dtype=torch.bool)
+    return batch if replay == "streams" else batch.reshape(-1)
+
+
+@pytest.mark.parametrize("replay,initial_state", RECIPES)
+def test_the_window_first_step_resets_at_an_episode_start(replay, initial_state):
+    """The first step that counts (t = 0; after the burn-in for sequence) starts an episode:
+    its memory must be zeros, whatever the carry, the stored state there or the burn-in
+    steps of the previous episode hold (TorchRL's BurnInTransform copies the burnt-in
+    state into that step)."""
+    burn_in = 3 if replay == "sequence" else recurrent_dqn.Config.burn_in
+    cfg = recurrent_dqn.Config(replay=replay, initial_state=initial_state, batch_rows=2, seq_len=5,
+                               burn_in=burn_in, hidden=8, num_envs=2, n_steps=2)
+    qnet, rnn, _ = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
+    loss, _ = recurrent_dqn.make_loss(cfg, qnet, rnn)
+    start = burn_in if replay == "sequence" else 0
+    g = torch.Generator().manual_seed(0)
+    batch = raw_sample(replay, 2, cfg.window, start, g)
+    other = batch.clone()  # the previous episode's steps and every memory changed
+    other["q_state"] = torch.randn(other["q_state"].shape, generator=g) * 3
+    if replay == "sequence":
+        before = other.reshape(2, cfg.window)[:, :start]
+        other.reshape(2, cfg.window)[:, :start] = before.apply(lambda x: torch.randn(x.shape, generator=g)
+                                                               if x.is_floating_point() else x)
+        other = other.reshape(2, cfg.window).reshape(-1)
+    carries = [None, (torch.randn(2, 1, 8, generator=g) * 3,)]
+    values = []
+    for data, carry in ((batch, carries[0]), (other, carries[1])):
+        loss._carries = {"online": carry, "target": carry}
+        values.append(loss(recurrent_dqn.sample(cfg, Handed(data)))["loss"])
+    torch.testing.assert_close(values[0], values[1])
+
+
+def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, str(EXAMPLES / "recurrent_dqn.py"), "--help"], capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for flag in ("--env", "--keep", "--total-frames", "--seed", "--runs-dir", "--name", "--no-progress",
+                 "--replay", "--initial-state", "--burn-in", "--replay-ratio", "--threads"):
+        assert flag in result.stdout, flag
+    assert "streams,sequence,slice" in result.stdout.replace(" ", "")

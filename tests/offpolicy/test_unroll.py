@@ -1,0 +1,197 @@
+"""unroll_with_next and RecurrentDQNLoss against a per-episode, per-step loop of the same network."""
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.objectives import HardUpdate
+
+from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, unroll_with_next
+
+OBS, HIDDEN, ACTIONS = 3, 5, 2
+
+
+def q_network(cell="gru"):
+    rnn_class = {"gru": nn.GRU, "lstm": nn.LSTM}[cell]
+    rnn = ResetRNN(rnn_class(4, HIDDEN, batch_first=True), state_key="q_state",
+                   reset_state_key="q_state")
+    net = TensorDictSequential(
+        TensorDictModule(nn.Linear(OBS, 4), ["observation"], ["embed"]), rnn,
+        TensorDictModule(nn.Linear(HIDDEN, ACTIONS), ["features"], ["action_value"]))
+    return net.double(), rnn
+
+
+def step(net, rnn, obs, state):
+    """One step of the network by hand: (Q [A], new state), state a tuple of [1, 1, H]."""
+    encoder, _, head = net
+    x = encoder.module(obs).view(1, 1, -1)
+    y, new = rnn.rnn(x, state if len(state) > 1 else state[0])
+    return head.module(y.view(-1)), (new if isinstance(new, tuple) else (new,))
+
+
+def dqn_loss(net, rnn, **kwargs):
+    """RecurrentDQNLoss with its target network's updater, as a user builds it."""
+    loss = RecurrentDQNLoss(net, rnn, **kwargs)
+    if loss.delay_value:
+        HardUpdate(loss, value_network_update_interval=1000)
+    return loss
+
+
+def zeros(n_entries):
+    return tuple(torch.zeros(1, 1, HIDDEN, dtype=torch.float64) for _ in range(n_entries))
+
+
+def make_chunk(steps=9, rows=3, seed=0):
+    """Rows with a termination, a truncation, an is_first at t=0 and a continuing start."""
+    g = torch.Generator().manual_seed(seed)
+    flag = lambda: torch.zeros(rows, steps, 1, dtype=torch.bool)  # noqa: E731
+    done, terminated, is_first = flag(), flag(), flag()
+    terminated[0, 2] = done[0, 2] = True       # row 0: termination at 2
+    done[1, 4] = True                           # row 1: truncation at 4
+    done[2, 1] = True; done[2, 5] = True; terminated[2, 5] = True  # row 2: both
+    is_first[:, 1:] = done[:, :-1]
+    is_first[0, 0] = True                       # row 0 starts an episode; rows 1, 2 continue
+    obs = torch.randn(rows, steps, OBS, generator=g, dtype=torch.float64)
+    next_obs = torch.randn(rows, steps, OBS, generator=g, dtype=torch.float64)  # final, chunk end
+    inside = ~is_first[:, 1:, 0]  # the next step continues the episode: its observation
+    next_obs[:, :-1][inside] = obs[:, 1:][inside]
+    return TensorDict({
+        "observation": obs, ("next", "observation"): next_obs,
+        "is_first": is_first, ("next", "done"): done, ("next", "terminated"): terminated,
+        ("next", "truncated"): done & ~terminated,
+        ("next", "reward"): torch.randn(rows, steps, 1, generator=g, dtype=torch.float64),
+        "action": nn.functional.one_hot(torch.randint(ACTIONS, (rows, steps), generator=g), ACTIONS),
+    }, batch_size=[rows, steps])
+
+
+def reference(net, rnn, td, initial):
+    """Per step: Q(o_t) and Q(next o_t) (the true next observation, also at the chunk end)
+    under the memory after step t; every episode starts from zeros."""
+    rows, steps = td.shape
+    values = torch.zeros(rows, steps, ACTIONS, dtype=torch.float64)
+    next_values = torch.zeros_like(values)
+    finals = []
+    for b in range(rows):
+        state = initial(b)
+        for t in range(steps):
+            if td["is_first"][b, t]:
+                state = zeros(len(state))
+            values[b, t], state = step(net, rnn, td["observation"][b, t], state)
+            next_values[b, t], _ = step(net, rnn, td["next", "observation"][b, t], state)
+        finals.append(state)
+    return values, next_values, finals
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+@pytest.mark.parametrize("with_initial", [False, True])
+def test_values_and_next_values_match_a_per_step_loop(cell, with_initial):
+    net, rnn = q_network(cell)
+    td = make_chunk()
+    entries = len(rnn.state_keys)
+    g = torch.Generator().manual_seed(1)
+    h0 = tuple(torch.randn(3, 1, HIDDEN, generator=g, dtype=torch.float64) for _ in range(entries))
+    out = unroll_with_next(net, rnn, td, h0 if with_initial else None)
+    initial = (lambda b: tuple(h[b:b + 1] for h in h0)) if with_initial else (lambda b: zeros(entries))
+    values, next_values, finals = reference(net, rnn, td, initial)
+    torch.testing.assert_close(out.values, values)
+    live = ~td["next", "terminated"].squeeze(-1)  # after a termination no value is needed
+    torch.testing.assert_close(out.next_values[live], next_values[live])
+    for i in range(entries):
+        torch.testing.assert_close(out.final_state[i], torch.cat([f[i] for f in finals]))
+    # row 1 has one truncation inside the chunk: one inserted step; + 1 chunk-end step
+    assert out.recurrent_steps == 3 * (9 + 1 + 1)
+
+
+def test_a_chunk_split_in_two_with_the_carry_equals_one_unroll():
+    net, rnn = q_network()
+    td = make_chunk(steps=10)
+    whole = unroll_with_next(net, rnn, td)
+    first = unroll_with_next(net, rnn, td[:, :6])
+    second = unroll_with_next(net, rnn, td[:, 6:], first.final_state)
+    torch.testing.assert_close(torch.cat([first.values, second.values], 1), whole.values)
+    torch.testing.assert_close(second.next_values, whole.next_values[:, 6:])
+
+
+def test_is_first_at_the_first_step_ignores_the_initial_state():
+    net, rnn = q_network()
+    td = make_chunk()
+    td["is_first"][:, 0] = True
+    h0 = (torch.randn(3, 1, HIDDEN, dtype=torch.float64),)
+    torch.testing.assert_close(unroll_with_next(net, rnn, td, h0).values,
+                               unroll_with_next(net, rnn, td).values)
+
+
+def test_rnn_without_reset_state_key_is_refused():
+    rnn = ResetRNN(nn.GRU(OBS, HIDDEN, batch_first=True), in_key="observation")
+    with pytest.raises(ValueError, match="reset_state_key"):
+        unroll_with_next(rnn, rnn, make_chunk())
+    with pytest.raises(ValueError, match="reset_state_key"):
+        RecurrentDQNLoss(rnn, rnn)
+
+
+def test_loss_carries_each_networks_own_state_and_computes_the_reference_loss():
+    net, rnn = q_network()
+    loss = dqn_loss(net, rnn, gamma=0.5, n_steps=2, loss_function="l2")
+    with torch.no_grad():  # make the online network differ from its target copy
+        for p in loss.value_network_params.values(True, True):
+            p.add_(0.3 * torch.randn_like(p))
+    td = make_chunk()
+    first, second = td[:, :5], td[:, 5:]
+    loss(first)
+    with loss.value_network_params.to_module(net):
+        online = reference(net, rnn, first, lambda b: zeros(1))[2]
+    with loss.target_value_network_params.to_module(net):
+        target = reference(net, rnn, first, lambda b: zeros(1))[2]
+    torch.testing.assert_close(loss._carries["online"][0], torch.cat([f[0] for f in online]))
+    torch.testing.assert_close(loss._carries["target"][0], torch.cat([f[0] for f in target]))
+
+    # the second chunk's loss, by hand: double DQN, 2-step targets, l2
+    out = loss(second)
+    with loss.value_network_params.to_module(net):
+        q, q_next, _ = reference(net, rnn, second, lambda b: online[b])
+    with loss.target_value_network_params.to_module(net):
+        _, qt_next, _ = reference(net, rnn, second, lambda b: target[b])
+    v_next = qt_next.gather(-1, q_next.argmax(-1, keepdim=True)).squeeze(-1)
+    r = second["next", "reward"].squeeze(-1)
+    done, term = second["next", "done"].squeeze(-1), second["next", "terminated"].squeeze(-1)
+    starts = second["is_first"].squeeze(-1)
+    rows, steps = second.shape
+    want = torch.zeros(rows, steps, dtype=torch.float64)
+    for b in range(rows):
+        for t in range(steps):
+            total, j = r[b, t], t
+            if not done[b, t] and t + 1 < steps and not starts[b, t + 1]:
+                j = t + 1
+                total = total + 0.5 * r[b, j]
+            if not term[b, j]:
+                total = total + 0.5 ** (j - t + 1) * v_next[b, j]
+            want[b, t] = total
+    chosen = (q * second["action"]).sum(-1)
+    torch.testing.assert_close(out["loss"], ((chosen - want) ** 2).mean())
+
+
+def test_loss_refuses_a_carry_of_other_rows_and_reset_carry_clears_it():
+    net, rnn = q_network()
+    loss = dqn_loss(net, rnn)
+    loss(make_chunk(rows=3))
+    with pytest.raises(ValueError, match="reset_carry"):
+        loss(make_chunk()[:2])
+    loss.reset_carry()
+    loss(make_chunk()[:2])
+    state = loss.state_dict()
+    fresh = dqn_loss(*q_network())
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh._carries["target"][0], loss._carries["target"][0])
+
+
+def test_stored_and_zero_initial_states():
+    net, rnn = q_network()
+    td = make_chunk()
+    td["q_state"] = torch.randn(3, 9, 1, HIDDEN, dtype=torch.float64)
+    stored = RecurrentDQNLoss(net, rnn, initial_state="stored", delay_value=False, double_dqn=False)
+    zero = RecurrentDQNLoss(net, rnn, initial_state="zero", delay_value=False, double_dqn=False)
+    h0 = (td["q_state"][:, 0],)
+    want = unroll_with_next(net, rnn, td, h0).values
+    assert torch.equal(stored._start(td, "online")[0], h0[0]) and zero._start(td, "online") is None
+    with stored.value_network_params.to_module(net):
+        torch.testing.assert_close(unroll_with_next(net, rnn, td, stored._start(td, "online")).values, want)

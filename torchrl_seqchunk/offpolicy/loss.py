@@ -1,0 +1,242 @@
+""":class:`RecurrentDQNLoss`: (double) n-step Q-learning on ``[B, T]`` chunks or replay windows.
+
+Each network (online, and the target through TorchRL's target parameters) is unrolled
+once per batch by :func:`~torchrl_seqchunk.offpolicy.unroll.unroll_with_next`, which
+yields the values at every step and at every step's next observation under the right
+memory; :func:`~torchrl_seqchunk.boundary_nstep_targets` sums them into targets. The
+loss holds the carried state of each network itself (``initial_state="carry"``), so
+what a stream carries to its next chunk is the state of the pass over that stream,
+whatever else the loss runs.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictParams
+from tensordict.utils import NestedKey
+from torchrl.objectives import LossModule
+from torchrl.objectives.utils import distance_loss
+
+from .._checks import check_int, check_real
+from .targets import boundary_nstep_targets
+from .unroll import unroll_with_next
+
+__all__ = ["RecurrentDQNLoss"]
+
+_INITIAL_STATES = ("carry", "stored", "zero")
+
+
+class RecurrentDQNLoss(LossModule):
+    """Recurrent (double) n-step DQN loss on ``[B, T]`` chunks, right at every boundary.
+
+    For every step the chosen action's online value ``Q(s_t, a_t)`` regresses on the
+    n-step target of :func:`~torchrl_seqchunk.boundary_nstep_targets`, whose bootstrap
+    ``V'_t`` is ``Q_target(s', argmax_a Q_online(s', a))`` (double DQN) or
+    ``max_a Q_target(s', a)``, ``s'`` the observation step ``t`` reaches, under the
+    memory after step ``t`` (see :func:`~torchrl_seqchunk.offpolicy.unroll.unroll_with_next`).
+    Where each row starts (``initial_state``):
+
+    * ``"carry"``: from the state each network (online and target, each its own)
+      reached at the end of the previous batch's same row, detached (stream chunks
+      from :class:`~torchrl_seqchunk.StreamChunkSampler`; truncated BPTT, no burn-in);
+    * ``"stored"``: from the memory the actor stored at the row's first step,
+      ``tensordict[rnn.state_keys][:, 0]`` (R2D2's stored state, for replay windows);
+    * ``"zero"``: from zeros.
+
+    Every row resets to zeros at ``is_first`` (also at ``t = 0``) and after a done step.
+    The target network is TorchRL's (``delay_value=True``: update it with
+    ``SoftUpdate`` / ``HardUpdate``).
+
+    Args:
+        value_network (TensorDictModuleBase): observations -> ``action_value``
+            ``[B, T, n_actions]``, containing ``rnn`` (e.g. encoder, ``rnn``, Q head in a
+            ``TensorDictSequential``; the actor adds ``QValueModule`` on top).
+        rnn (ResetRNN): the recurrent module inside ``value_network``, with ``carry=True``
+            and a ``reset_state_key`` (e.g. the same key as ``state_key``).
+
+    Keyword Args:
+        gamma (float): discount in ``[0, 1]``. Default ``0.99``.
+        n_steps (int): n of the n-step targets, ``>= 1``. Default ``1``.
+        double_dqn (bool): online argmax, target value. Default ``True``.
+        delay_value (bool): a target network (else the online one, detached).
+            Default ``True``.
+        initial_state (str): ``"carry"``, ``"stored"`` or ``"zero"``. Default ``"carry"``.
+        loss_function (str): ``"l2"``, ``"l1"`` or ``"smooth_l1"``. Default ``"smooth_l1"``.
+        action_space (str): ``"one_hot"`` (``action`` ``[B, T, n_actions]``) or
+            ``"categorical"`` (``[B, T]`` or ``[B, T, 1]``). Default ``"one_hot"``.
+        mask_key (NestedKey, optional): bool ``[B, T]`` (or ``[B, T, 1]``), the steps that
+            count in the loss (e.g. a window's learning region); the others only unroll.
+        action_key, action_value_key, reward_key, done_key, terminated_key,
+        truncated_key (NestedKey): TorchRL's keys.
+
+    Returns (forward):
+        TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached) and
+        ``"recurrent_steps"`` (recurrent steps computed by both networks, ``int64``).
+
+    Raises:
+        TypeError / ValueError: bad options (construction); at call time, a carried
+            state whose rows differ from the batch (call :meth:`reset_carry` when the
+            number of streams changes), or the errors of ``unroll_with_next``.
+
+    .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
+        (every unroll starts each row explicitly). The carry is in ``state_dict``.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule as Mod, TensorDictSequential as Seq
+        >>> from torchrl.objectives import SoftUpdate
+        >>> from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN
+        >>> rnn = ResetRNN(nn.GRU(3, 8, batch_first=True), in_key="observation",
+        ...                state_key="q_state", reset_state_key="q_state")
+        >>> qnet = Seq(rnn, Mod(nn.Linear(8, 2), ["features"], ["action_value"]))
+        >>> loss = RecurrentDQNLoss(qnet, rnn, gamma=0.99, n_steps=3)
+        >>> updater = SoftUpdate(loss, tau=0.005)
+        >>> flags = torch.zeros(4, 10, 1, dtype=torch.bool)
+        >>> chunk = TensorDict({  # a [B, T] chunk, e.g. from StreamChunkSampler(4, 10)
+        ...     "observation": torch.randn(4, 10, 3), ("next", "observation"): torch.randn(4, 10, 3),
+        ...     "is_first": flags, ("next", "done"): flags, ("next", "terminated"): flags,
+        ...     ("next", "reward"): torch.ones(4, 10, 1),
+        ...     "action": nn.functional.one_hot(torch.randint(2, (4, 10)), 2),
+        ... }, [4, 10])
+        >>> out = loss(chunk)
+        >>> out["loss"].backward()
+        >>> int(out["recurrent_steps"])  # two networks x 4 rows x (10 + 1 chunk end)
+        88
+    """
+
+    value_network: TensorDictModuleBase
+    value_network_params: TensorDictParams
+    target_value_network_params: TensorDictParams
+
+    def __init__(
+        self,
+        value_network: TensorDictModuleBase,
+        rnn,
+        *,
+        gamma: float = 0.99,
+        n_steps: int = 1,
+        double_dqn: bool = True,
+        delay_value: bool = True,
+        initial_state: str = "carry",
+        loss_function: str = "smooth_l1",
+        action_space: str = "one_hot",
+        mask_key: NestedKey | None = None,
+        action_key: NestedKey = "action",
+        action_value_key: NestedKey = "action_value",
+        reward_key: NestedKey = ("next", "reward"),
+        done_key: NestedKey = ("next", "done"),
+        terminated_key: NestedKey = ("next", "terminated"),
+        truncated_key: NestedKey = ("next", "truncated"),
+    ):
+        super().__init__()
+        self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
+        self.n_steps = check_int("n_steps", n_steps, low=1)
+        if initial_state not in _INITIAL_STATES:
+            raise ValueError(f"initial_state must be one of {_INITIAL_STATES}, got {initial_state!r}.")
+        if action_space not in ("one_hot", "categorical"):
+            raise ValueError(f"action_space must be 'one_hot' or 'categorical', got {action_space!r}.")
+        if loss_function not in ("l2", "l1", "smooth_l1"):
+            raise ValueError(f"loss_function must be 'l2', 'l1' or 'smooth_l1', got {loss_function!r}.")
+        if double_dqn and not delay_value:
+            raise ValueError("double_dqn=True needs delay_value=True (a target network).")
+        if getattr(rnn, "reset_state_keys", None) is None or not getattr(rnn, "carry", False):
+            raise ValueError(
+                "rnn must be a ResetRNN with carry=True and a reset_state_key, e.g. "
+                "ResetRNN(gru, state_key='q_state', reset_state_key='q_state')."
+            )
+        self.double_dqn, self.delay_value = bool(double_dqn), bool(delay_value)
+        self.initial_state, self.loss_function, self.action_space = initial_state, loss_function, action_space
+        self.mask_key = mask_key
+        self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
+                         done=done_key, terminated=terminated_key, truncated=truncated_key)
+        self.rnn = [rnn]  # a list: not a second registration of the network's submodule
+        self.convert_to_functional(value_network, "value_network", create_target_params=self.delay_value)
+        self._carries = {"online": None, "target": None}
+
+    # -- carry ---------------------------------------------------------------
+    def reset_carry(self, mask: torch.Tensor | None = None) -> None:
+        """Forget the carried states of both networks: all rows, or rows where ``mask`` ``[B]``."""
+        for name, carry in self._carries.items():
+            if carry is None or mask is None:
+                self._carries[name] = None
+                continue
+            keep = ~mask.reshape(-1).bool()
+            self._carries[name] = tuple(
+                h * keep.view(-1, *[1] * (h.dim() - 1)).to(h) for h in carry
+            )
+
+    def get_extra_state(self):
+        return {"carries": {k: None if v is None else list(v) for k, v in self._carries.items()}}
+
+    def set_extra_state(self, state) -> None:
+        self._carries = {k: None if v is None else tuple(v) for k, v in state["carries"].items()}
+
+    def _start(self, tensordict: TensorDictBase, name: str):
+        if self.initial_state == "zero":
+            return None
+        if self.initial_state == "stored":
+            return tuple(tensordict.get(k)[:, 0] for k in self.rnn[0].state_keys)
+        carry = self._carries[name]
+        if carry is not None and carry[0].shape[0] != tensordict.shape[0]:
+            raise ValueError(
+                f"the carried state holds {carry[0].shape[0]} rows but the batch has "
+                f"{tensordict.shape[0]}; call reset_carry() when the number of streams changes."
+            )
+        return carry
+
+    # -- loss ----------------------------------------------------------------
+    def _unroll(self, params, tensordict: TensorDictBase, name: str):
+        with params.to_module(self.value_network, preserve_module_state=False):
+            out = unroll_with_next(
+                self.value_network, self.rnn[0], tensordict, self._start(tensordict, name),
+                value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
+                done_key=self.keys["done"],
+            )
+        if self.initial_state == "carry":
+            self._carries[name] = tuple(h.detach() for h in out.final_state)
+        return out
+
+    def _pick(self, values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        if self.action_space == "one_hot":
+            return (values * action.to(values.dtype)).sum(-1, keepdim=True)
+        if action.dim() == values.dim() - 1:
+            action = action.unsqueeze(-1)
+        return values.gather(-1, action.long())
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        online = self._unroll(self.value_network_params, tensordict, "online")
+        with torch.no_grad():
+            if self.delay_value:
+                target = self._unroll(self.target_value_network_params, tensordict, "target")
+            else:
+                target = online
+            target_next = target.next_values.detach()
+            if self.double_dqn:
+                greedy = online.next_values.detach().argmax(-1, keepdim=True)
+                next_value = target_next.gather(-1, greedy)
+            else:
+                next_value = target_next.max(-1, keepdim=True).values
+            keys = [self.keys[k] for k in ("reward", "done", "terminated", "truncated")]
+            work = tensordict.select(*keys, self.rnn[0].is_first_key, strict=False)
+            work.set(("next", "state_value"), next_value)
+            work = boundary_nstep_targets(
+                work, gamma=self.gamma, n_steps=self.n_steps, reward_key=self.keys["reward"],
+                done_key=self.keys["done"], terminated_key=self.keys["terminated"],
+                truncated_key=self.keys["truncated"], is_first_key=self.rnn[0].is_first_key,
+            )
+        chosen = self._pick(online.values, tensordict.get(self.keys["action"]))  # [B, T, 1]
+        value_target = work.get("value_target")
+        error = distance_loss(chosen, value_target, self.loss_function)
+        if self.mask_key is not None:
+            mask = tensordict.get(self.mask_key).reshape(chosen.shape).to(error.dtype)
+            loss = (error * mask).sum() / mask.sum().clamp_min(1.0)
+        else:
+            loss = error.mean()
+        steps = online.recurrent_steps + (target.recurrent_steps if self.delay_value else 0)
+        return TensorDict(
+            loss=loss,
+            td_error=(chosen - value_target).abs().mean().detach(),
+            recurrent_steps=torch.tensor(steps),
+        )
