@@ -83,7 +83,8 @@ class ReverseCurriculum(Transform):
     ``[*B, 1]``) says whether it succeeded, and the manager records it; the
     manager updates whenever it is :attr:`ResetManager.due`.
 
-    Success: ``score >= demo.total`` and ``demo_index >= F``, where ``F`` is
+    Success: ``score >= demo.total`` (to within float32 rounding, a relative
+    ``1e-5``) and ``demo_index >= F``, where ``F`` is
     the demo step where the demo's score becomes final (one after its last
     nonzero reward; 0 if it has none). The score rule is the reference's
     (openai/atari-reset ``ReplayResetEnv.step``: ``as_good_as_demo`` is
@@ -123,10 +124,20 @@ class ReverseCurriculum(Transform):
         max_lag (int, optional): see above. Defaults to ``None`` (no lag rule).
         end_on_success (bool): truncate once the episode succeeds (see above).
             Defaults to ``True``.
+        success (str): ``"score"`` (the rule above) or ``"goal"``: the env
+            terminates (a time limit or the lag rule does not count) with
+            ``score >= demo.total``, for tasks whose reward is a cost per step
+            or shrinks with time (MountainCar, MiniGrid), where reaching the
+            goal sooner than the demo scores higher. Defaults to ``"score"``.
+        env_reset_at_zero (bool): starting point 0 is the env's own reset (its
+            initial-state distribution, seeded from the env's generator at the
+            first reset) instead of the demo's seeded start, so once the
+            maximum reaches 0 the agent trains on the task itself. Defaults to
+            ``False``.
         starting_point_key, score_key, demo_index_key, success_key, reward_key,
-        done_key, truncated_key (NestedKey): entry names. Defaults to
+        done_key, truncated_key, terminated_key (NestedKey): entry names. Defaults to
             ``"starting_point"``, ``"score"``, ``"demo_index"``, ``"success"``,
-            ``"reward"``, ``"done"``, ``"truncated"``.
+            ``"reward"``, ``"done"``, ``"truncated"``, ``"terminated"``.
 
     Raises:
         ValueError: neither role is requested, ``restore`` is an unknown string,
@@ -167,6 +178,8 @@ class ReverseCurriculum(Transform):
         frames_per_step: int = 1,
         max_lag: int | None = None,
         end_on_success: bool = True,
+        success: str = "score",
+        env_reset_at_zero: bool = False,
         starting_point_key: NestedKey = "starting_point",
         score_key: NestedKey = "score",
         demo_index_key: NestedKey = "demo_index",
@@ -174,6 +187,7 @@ class ReverseCurriculum(Transform):
         reward_key: NestedKey = "reward",
         done_key: NestedKey = "done",
         truncated_key: NestedKey = "truncated",
+        terminated_key: NestedKey = "terminated",
     ) -> None:
         super().__init__()
         if not isinstance(demo, Demo):
@@ -207,6 +221,11 @@ class ReverseCurriculum(Transform):
         self.starting_point_key, self.score_key = starting_point_key, score_key
         self.demo_index_key, self.success_key = demo_index_key, success_key
         self.reward_key, self.done_key, self.truncated_key = reward_key, done_key, truncated_key
+        self.terminated_key = terminated_key
+        if success not in ("score", "goal"):
+            raise ValueError(f"success must be 'score' or 'goal', got {success!r}.")
+        self.success, self.env_reset_at_zero = success, bool(env_reset_at_zero)
+        self._zero_rng: np.random.Generator | None = None
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
         scored = np.flatnonzero(demo.rewards)
         self._final_index = int(scored[-1]) + 1 if len(scored) else 0
@@ -281,7 +300,7 @@ class ReverseCurriculum(Transform):
                     f"{self.starting_point_key!r}={k} is outside the demo [0, {len(self.demo) - 1}]; "
                     "the assigning transform's ResetManager must be built for this demo's length."
                 )
-            obs = TensorDict(base.read_obs(self.restore(base._env, k)), batch_size=[])
+            obs = TensorDict(base.read_obs(self._restore_to(base._env, k)), batch_size=[])
             tensordict_reset.update(obs.to(tensordict_reset.device))
             device = tensordict_reset.device
             tensordict_reset.set(self.starting_point_key, torch.tensor([k], device=device))
@@ -293,6 +312,15 @@ class ReverseCurriculum(Transform):
                 self.success_key, torch.zeros(shape, dtype=torch.bool, device=tensordict_reset.device)
             )
         return tensordict_reset
+
+    def _restore_to(self, gym_env, k: int):
+        if not self.env_reset_at_zero:
+            return self.restore(gym_env, k)
+        if self._zero_rng is None:  # drawn before any replay reseeds the env's generator
+            self._zero_rng = np.random.default_rng(int(gym_env.unwrapped.np_random.integers(2**63)))
+        if k > 0:
+            return self.restore(gym_env, k)
+        return gym_env.reset(seed=int(self._zero_rng.integers(2**63)))[0]
 
     # step --------------------------------------------------------------------------------
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -307,7 +335,7 @@ class ReverseCurriculum(Transform):
         score = tensordict.get(self.score_key) + next_tensordict.get(self.reward_key).double()
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)
-        if self.end_on_success:
+        if self.end_on_success and self.success == "score":  # "goal": termination ends it
             end |= self._succeeded(score, index)
         if self.max_lag is not None:
             behind = (index - self.max_lag).clamp(0, len(self.demo))
@@ -320,13 +348,19 @@ class ReverseCurriculum(Transform):
         next_tensordict.set(self.done_key, next_tensordict.get(self.done_key) | end)
 
     def _succeeded(self, score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return (score >= self.demo.total) & (index >= self._final_index)
+        return self._as_good(score) & (index >= self._final_index)
+
+    def _as_good(self, score: torch.Tensor) -> torch.Tensor:
+        # rewards reach the score as float32 (TorchRL's reward spec): allow their rounding
+        return score >= self.demo.total - 1e-5 * max(1.0, abs(self.demo.total))
 
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
-        success = done & self._succeeded(
-            next_tensordict.get(self.score_key), next_tensordict.get(self.demo_index_key)
-        )
+        score = next_tensordict.get(self.score_key)
+        if self.success == "goal":
+            success = next_tensordict.get(self.terminated_key) & self._as_good(score)
+        else:
+            success = done & self._succeeded(score, next_tensordict.get(self.demo_index_key))
         next_tensordict.set(self.success_key, success)
         if done.any():
             ended = done.reshape(-1)
