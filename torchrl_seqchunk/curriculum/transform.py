@@ -53,6 +53,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import GymLikeEnv
 from torchrl.envs.transforms import Transform
 
+from .._checks import check_real
 from .demo import Demo
 from .manager import ResetManager
 from .restore import _ALERestore, _ReplayRestore
@@ -129,6 +130,9 @@ class ReverseCurriculum(Transform):
             ``score >= demo.total``, for tasks whose reward is a cost per step
             or shrinks with time (MountainCar, MiniGrid), where reaching the
             goal sooner than the demo scores higher. Defaults to ``"score"``.
+        margin (float): score (game points) an episode may trail the demo's
+            total and still succeed, under either rule: ``score >= demo.total -
+            margin``. Defaults to ``0.0`` (at least as good as the demo).
         env_reset_at_zero (bool): starting point 0 is the env's own reset (its
             initial-state distribution, seeded from the env's generator at the
             first reset) instead of the demo's seeded start, so once the
@@ -179,6 +183,7 @@ class ReverseCurriculum(Transform):
         max_lag: int | None = None,
         end_on_success: bool = True,
         success: str = "score",
+        margin: float = 0.0,
         env_reset_at_zero: bool = False,
         starting_point_key: NestedKey = "starting_point",
         score_key: NestedKey = "score",
@@ -225,6 +230,7 @@ class ReverseCurriculum(Transform):
         if success not in ("score", "goal"):
             raise ValueError(f"success must be 'score' or 'goal', got {success!r}.")
         self.success, self.env_reset_at_zero = success, bool(env_reset_at_zero)
+        self.margin = check_real("margin", margin, low=0.0)
         self._zero_rng: np.random.Generator | None = None
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
         scored = np.flatnonzero(demo.rewards)
@@ -352,7 +358,7 @@ class ReverseCurriculum(Transform):
 
     def _as_good(self, score: torch.Tensor) -> torch.Tensor:
         # rewards reach the score as float32 (TorchRL's reward spec): allow their rounding
-        return score >= self.demo.total - 1e-5 * max(1.0, abs(self.demo.total))
+        return score >= self.demo.total - self.margin - 1e-5 * max(1.0, abs(self.demo.total))
 
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
