@@ -126,8 +126,6 @@ def test_due_and_state_dict_round_trip():
         ({"move_threshold": 0.0}, "move_threshold"),
         ({"maximum": 100}, "maximum"),
         ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 4 points
-        ({"num_envs": True}, "num_envs"),
-        ({"maximum": 5.5}, "maximum"),
     ],
 )
 def test_manager_rejects_bad_arguments(kwargs, match):
@@ -135,16 +133,26 @@ def test_manager_rejects_bad_arguments(kwargs, match):
         ResetManager(**{"demo_length": 100, "num_envs": 4, **kwargs})
 
 
+@pytest.mark.parametrize("kwargs, match", [({"num_envs": True}, "num_envs must be an int"),
+                                           ({"maximum": 5.5}, "maximum must be an int"),
+                                           ({"decay": "1"}, "decay must be a real number")])
+def test_manager_rejects_arguments_of_the_wrong_type(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        ResetManager(**{"demo_length": 100, "num_envs": 4, **kwargs})
+
+
 def test_maximum_outside_the_demo_is_refused_at_once():
     # a 100-step demo has starting points 0..99: 100 and -1 are refused on assignment and on
     # load_state_dict, which then leaves the manager as it was
     manager = ResetManager(100, 4, maximum=50)
-    for bad in (100, -1, 7.0):
-        with pytest.raises(ValueError, match=rf"maximum must be an int in \[0, 99\].*got {bad!r}"):
+    for bad in (100, -1):
+        with pytest.raises(ValueError, match=rf"maximum must be in \[0, 99\], got {bad!r}"):
             manager.maximum = bad
+    with pytest.raises(TypeError, match=r"maximum must be an int in \[0, 99\], got 7.0"):
+        manager.maximum = 7.0
     assert manager.maximum == 50
     state = {**ResetManager(100, 4).state_dict(), "maximum": 100}
-    with pytest.raises(ValueError, match=r"maximum must be an int in \[0, 99\].*got 100"):
+    with pytest.raises(ValueError, match=r"maximum must be in \[0, 99\], got 100"):
         manager.load_state_dict(state)
     assert manager.maximum == 50 and manager.assign().tolist() == [50, 49, 48, 47]
 

@@ -5,9 +5,9 @@ implementation: openai/atari-reset (``ResetManager`` in ``atari_reset/wrappers.p
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from .._checks import check_int, check_real
 
 __all__ = ["ResetManager"]
 
@@ -99,20 +99,17 @@ class ResetManager:
             "update_every": update_every,
             "nudge": nudge,
         }
-        for name, value in counts.items():
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        demo_length, num_envs, window, update_every, nudge = map(int, counts.values())
-        if not move_threshold > 0:
-            raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
+        demo_length, num_envs, window, update_every, nudge = (
+            check_int(name, value, low=1) for name, value in counts.items()
+        )
+        move_threshold = check_real("move_threshold", move_threshold, low=0.0, open_low=True)
+        decay = check_real("decay", decay, low=0.0, high=1.0, open_low=True)
         if move_threshold * window > min(num_envs, window):
             raise ValueError(
                 f"move_threshold * window = {move_threshold * window:g} exceeds the success mass the "
                 f"{min(num_envs, window)} distinct starting points of one window can reach; lower "
                 "move_threshold or window, or add envs."
             )
-        if not 0 < decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {decay}; use 1.0 to keep rates.")
         self.demo_length, self.num_envs = demo_length, num_envs
         self.move_threshold, self.nudge, self.window = move_threshold, nudge, window
         self.update_every, self.decay = update_every, decay
@@ -127,18 +124,14 @@ class ResetManager:
         """The current maximum starting point, an int in ``[0, demo_length - 1]``.
 
         Raises:
-            ValueError: on assignment of anything else, at once (not later, in a worker).
+            TypeError: on assignment of a non-int, at once (not later, in a worker).
+            ValueError: on assignment of an int outside that range, at once.
         """
         return self._maximum
 
     @maximum.setter
     def maximum(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < self.demo_length:
-            raise ValueError(
-                f"maximum must be an int in [0, {self.demo_length - 1}] (a starting point of the "
-                f"{self.demo_length}-step demo), got {value!r}."
-            )
-        self._maximum = int(value)
+        self._maximum = check_int("maximum", value, low=0, high=self.demo_length - 1)
 
     def assign(self) -> torch.Tensor:
         """Starting points for all envs: int64 ``[num_envs]``."""

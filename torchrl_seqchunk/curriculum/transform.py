@@ -43,7 +43,6 @@ composed exactly like ``ParallelEnv``.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import numpy as np
@@ -53,7 +52,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import GymLikeEnv
 from torchrl.envs.transforms import Transform
 
-from .._checks import check_real
+from .._checks import check_int, check_real
 from .demo import Demo
 from .manager import ResetManager
 from .restore import _ALERestore, _ReplayRestore
@@ -206,12 +205,9 @@ class ReverseCurriculum(Transform):
                 f"manager.demo_length={manager.demo_length} but the demo has {len(demo)} steps; "
                 "build the manager with ResetManager(len(demo), num_envs)."
             )
-        for name, value in [("snapshot_every", snapshot_every), ("frames_per_step", frames_per_step)]:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        snapshot_every, frames_per_step = int(snapshot_every), int(frames_per_step)
-        if max_lag is not None and max_lag < 0:
-            raise ValueError(f"max_lag must be >= 0 or None, got {max_lag}.")
+        snapshot_every = check_int("snapshot_every", snapshot_every, low=1)
+        frames_per_step = check_int("frames_per_step", frames_per_step, low=1)
+        max_lag = None if max_lag is None else check_int("max_lag", max_lag, low=0)
         seed = demo.seed if seed is None else seed
         if restore == "replay":
             restore = _ReplayRestore(demo, seed)
