@@ -30,18 +30,16 @@ class ResetManager:
       rule only moves backward). If the mass is never reached, the maximum is
       nudged forward by ``nudge``, capped at ``demo_length - 1``.
 
-    Choices the reference leaves implicit: rates never expire there (our
-    ``decay=1.0``); it updates every 1024 vectorized steps, we update every
-    ``update_every`` finished episodes (:attr:`due`); its window is the spread
-    of the worker's starting points.
+    .. note::
+        The schedule moves backward by itself only with at least two distinct
+        starting points in play (``num_envs >= 2`` and ``window >= 2``): a mass
+        first reached at the maximum itself leaves it there, so a single env keeps
+        its starting point unless the maximum is set by hand.
 
-    Only successes from points strictly below the maximum can move it back (a
-    mass first reached at the maximum itself leaves it there), so the schedule
-    moves backward by itself only when at least two distinct starting points are
-    in play (``num_envs >= 2`` and ``window >= 2``); a single env keeps its
-    starting point unless the maximum is set by hand.
-
-    Integer arguments may be Python or NumPy integers (not bools).
+    .. note::
+        Choices the reference leaves implicit: its rates never expire (our
+        ``decay=1.0``); it updates every 1024 vectorized steps, we every
+        ``update_every`` finished episodes (:attr:`due`).
 
     Args:
         demo_length (int): number of demo steps ``N``; starting points are
@@ -62,6 +60,8 @@ class ResetManager:
         maximum (int, optional): initial maximum. Defaults to ``N - 1``.
 
     Raises:
+        TypeError: a count or ``maximum`` is not an int (Python or NumPy, not
+            bool), or ``move_threshold``/``decay`` not a real number.
         ValueError: a count is not positive, ``decay`` is outside ``(0, 1]``,
             ``move_threshold`` is not positive, ``move_threshold * window``
             exceeds ``min(num_envs, window)`` (the most success mass the

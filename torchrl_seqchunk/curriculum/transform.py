@@ -1,45 +1,8 @@
-"""Reverse curriculum from a single demonstration (Salimans & Chen 2018).
+""":class:`ReverseCurriculum`: the TorchRL env transform that starts episodes along a demo.
 
-Episodes start from states along one demonstration, first near its end; the
-*starting point* moves backward as the agent learns to finish as well as the
-demo from there. Reference implementation: openai/atari-reset
-(``ReplayResetEnv`` and ``ResetManager`` in ``atari_reset/wrappers.py``).
-
-Two pieces:
-
-- :class:`ResetManager` is pure logic (no env objects): it hands out starting
-  points, collects (starting point, success) pairs of finished episodes and
-  moves the maximum starting point.
-- :class:`ReverseCurriculum` is a TorchRL env transform with two roles, chosen
-  by its arguments. The *assigning* role (``manager`` given) picks starting
-  points on every reset, writes them into the reset TensorDict, marks success
-  when an episode ends and feeds the manager. The *restoring* role
-  (``restore`` given) reads the starting point from the reset TensorDict,
-  brings its (unbatched, gymnasium-backed) env to that demo state, replaces the
-  reset observation and keeps the episode score.
-
-Where things live with N envs. The manager must see every finished episode
-of all envs, so it lives in one place: the process that steps the batched env
-(the collector's process). The restore must happen where the emulator is, in
-each worker. Hence a batched env gets *one* assigning transform on top and a
-restoring transform inside every worker::
-
-    def make_worker():                   # picklable factory, runs in the worker
-        return TransformedEnv(GymEnv(...), ReverseCurriculum(demo, restore="ale"))
-
-    env = TransformedEnv(ParallelEnv(N, make_worker), ReverseCurriculum(demo, manager))
-
-The starting point travels parent -> worker inside the reset TensorDict. A
-batched env only forwards reset entries that its workers declare, so the
-restoring role declares ``starting_point_key`` in its state spec (and in its
-observation spec, so every step reports it back); the values come back through
-the observation spec (``starting_point_key``, ``score_key``,
-``demo_index_key``). The assigning role on top only reads them. Worker caches
-(ALE snapshots) stay in the worker; nothing but integers and the observation
-crosses processes. A single env holds both roles in one transform
-(``ReverseCurriculum(demo, manager, restore=...)``), and ``SerialEnv`` is
-composed exactly like ``ParallelEnv``.
-
+Salimans & Chen (2018); reference implementation: openai/atari-reset
+(``ReplayResetEnv`` in ``atari_reset/wrappers.py``). How its two roles split across
+``SerialEnv``/``ParallelEnv`` workers: ``docs/howto/curriculum.md``.
 """
 from __future__ import annotations
 
@@ -64,38 +27,40 @@ __all__ = ["ReverseCurriculum"]
 class ReverseCurriculum(Transform):
     """Starts episodes at demo states chosen by a :class:`ResetManager` (TorchRL env transform).
 
-    See the module docstring for the two roles and how to compose them with
-    ``SerialEnv``/``ParallelEnv``. The restoring role must come first in its
-    env's transforms (right after the gymnasium-backed base env), so the
-    restored observation goes through the remaining transforms and the score
-    sums raw game rewards.
+    Two roles, chosen by the arguments: the *assigning* role (``manager``) picks
+    the starting points on reset, judges success when an episode ends and feeds
+    the manager; the *restoring* role (``restore``) brings its unbatched
+    gymnasium-backed env to the demo state at its starting point. A single env
+    holds both; a batched env holds the assigning role on top and a restoring one
+    in every worker (see ``docs/howto/curriculum.md``).
 
-    On reset, each resetting env gets ``starting_point`` ``k`` (int64
-    ``[*B, 1]``), is restored to the state after the demo's first ``k`` actions
-    (the reset observation is replaced by the observation there), its
-    ``score`` (float64 ``[*B, 1]``, game points) starts at
-    ``demo.returns[k]`` and its ``demo_index`` (int64 ``[*B, 1]``) at ``k``.
-    Each step adds the reward to ``score`` and ``frames_per_step`` to
-    ``demo_index``; the episode is truncated when it succeeds
-    (``end_on_success``) or when it lags the demo, i.e.
-    ``score < demo.returns[demo_index - max_lag]`` (``max_lag``, as in the
-    reference). When an episode ends, ``("next", success_key)`` (bool
-    ``[*B, 1]``) says whether it succeeded, and the manager records it; the
-    manager updates whenever it is :attr:`ResetManager.due`.
+    On reset an env gets ``starting_point`` ``k`` (int64 ``[*B, 1]``), is
+    restored to the state after the demo's first ``k`` actions (the reset
+    observation is the one there), and its ``score`` (float64 ``[*B, 1]``, game
+    points) starts at ``demo.returns[k]`` and ``demo_index`` (int64 ``[*B, 1]``)
+    at ``k``. Each step adds the reward to ``score`` and ``frames_per_step`` to
+    ``demo_index``. When an episode ends, ``("next", success_key)`` (bool
+    ``[*B, 1]``) says whether it succeeded, the manager records it and updates
+    whenever it is :attr:`ResetManager.due`.
 
-    Success: ``score >= demo.total`` (to within float32 rounding, a relative
-    ``1e-5``) and ``demo_index >= F``, where ``F`` is
-    the demo step where the demo's score becomes final (one after its last
-    nonzero reward; 0 if it has none). The score rule is the reference's
-    (openai/atari-reset ``ReplayResetEnv.step``: ``as_good_as_demo`` is
-    ``score >= returns[-1]``); the index rule is ours, for demos with negative
-    rewards, whose score can still fall: there an episode that ends before the
-    demo's final state (earlier than ``F``) is not a success. With non-negative
-    rewards it only differs from the reference for an episode that reaches the
-    total faster than the demo and then ends before ``F``. Success compares
-    scores only: in an env whose rewards are only a cost per step, an episode
-    that lasts to ``F`` without extra cost succeeds, goal or not. A restoring-only
-    transform reset without a starting point (``env.reset()``) restores to 0.
+    Success (``success="score"``, the reference's ``score >= returns[-1]``):
+    ``score >= demo.total - margin`` and ``demo_index >= F``, ``F`` the step
+    after the demo's last nonzero reward (0 if none). With ``end_on_success``
+    such an episode is truncated there; with ``max_lag`` one is truncated when
+    ``score < demo.returns[demo_index - max_lag]``.
+
+    .. note::
+        The restoring role must come first in its env's transforms (right after
+        the gymnasium-backed env), so the score sums raw rewards and the restored
+        observation goes through the other transforms. A restoring-only transform
+        reset without a starting point (``env.reset()``) restores to 0.
+
+    .. note::
+        ``success="score"`` compares scores only: where every reward is a cost
+        per step (MountainCar), an episode that lasts to ``F`` succeeds, goal or
+        not, and one that reaches the goal sooner than the demo fails the index
+        rule. Use ``success="goal"`` there: it needs the env's own termination
+        and no index; it fits tasks whose only termination is the goal.
 
     Args:
         demo (Demo): the demonstration.
