@@ -73,7 +73,7 @@ class Config:
     overwrite: bool = opt(False, "replace the outputs of a finished run of the same name")
     progress: bool = opt(True, "show a progress bar")
     # curriculum
-    spread: int = opt(16, "ResetManager window: demo steps the envs' starting points span below the maximum")
+    spread: int = opt(0, "ResetManager window: demo steps the envs' starting points span below the maximum; 0: min(16, half the demo)")
     margin: float = opt(-1.0, "score an episode may trail the demo and still succeed; -1: the task's default (20 steps)")
     move_threshold: float = opt(0.1, "ResetManager: success mass (x spread) that moves the maximum back")
     nudge: int = opt(4, "ResetManager: demo steps the maximum moves forward when success collapses")
@@ -130,15 +130,16 @@ class Report:
     def add(self, frames: int, values: dict) -> None:
         self.frames += frames
         self.rows.append({"frames": self.frames, "wall_s": round(time.perf_counter() - self.start, 2), **values})
+        with open(self.out / "metrics.csv", "a" if len(self.rows) > 1 else "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            if len(self.rows) == 1:
+                writer.writeheader()
+            writer.writerow(self.rows[-1])
         self.bar.set_postfix(start=values["max_starting_point"], ret=f"{values['eval_return']:.1f}", refresh=False)
         self.bar.update(frames)
 
     def close(self) -> None:
         self.bar.close()
-        with open(self.out / "metrics.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
-            writer.writeheader()
-            writer.writerows(self.rows)
 
 
 def parse_args(argv=None) -> Config:
@@ -200,7 +201,8 @@ def evaluate(cfg: Config, actor, rnns, obs_norm, index: int) -> tuple[float, flo
     env = make_env(cfg, None, None, cfg.eval_episodes, 10_000 + 1_000 * cfg.seed + index,
                    transforms=[obs_norm, *(rnn.make_tensordict_primer() for rnn in rnns)])
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        steps = env.rollout(limit, actor, break_when_any_done=False)  # [episodes, limit]
+        # one episode per env: a done env stops stepping, the rollout ends when all are done
+        steps = env.rollout(limit, actor, break_when_any_done=False, break_when_all_done=True)  # [episodes, <= limit]
     env.close()
     done = steps["next", "done"].squeeze(-1)
     first = done.long().argmax(-1)  # the end of each env's first episode (a time limit at the latest)
@@ -220,7 +222,8 @@ def main(cfg: Config) -> list[dict]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
     demo = Demo.load(cfg.demo)
-    manager = (ResetManager(len(demo), cfg.num_envs, window=cfg.spread, move_threshold=cfg.move_threshold,
+    spread = cfg.spread or max(1, min(16, len(demo) // 2))
+    manager = (ResetManager(len(demo), cfg.num_envs, window=spread, move_threshold=cfg.move_threshold,
                             nudge=cfg.nudge) if cfg.curriculum else None)
     vecnorm = VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)
     env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed,
