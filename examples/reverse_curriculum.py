@@ -48,6 +48,8 @@ from torchrl_seqchunk import (
     make_windows,
 )
 
+from torchrl_seqchunk._checks import check_int, check_real
+
 from cli import config_parser, opt  # examples/cli.py
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -142,13 +144,43 @@ class Report:
         self.bar.close()
 
 
+#: the range of every numeric option (check_int / check_real bounds)
+RANGES = {
+    "total_frames": {"low": 1}, "seed": {"low": 0}, "num_envs": {"low": 1}, "rollout_len": {"low": 1},
+    "spread": {"low": 0}, "move_threshold": {"low": 0.0, "high": 1.0, "open_low": True}, "nudge": {"low": 1},
+    "hidden": {"low": 1}, "gamma": {"low": 0.0, "high": 1.0, "open_low": True}, "lmbda": {"low": 0.0, "high": 1.0},
+    "lr": {"low": 0.0, "open_low": True}, "epochs": {"low": 1}, "clip_epsilon": {"low": 0.0, "high": 1.0, "open_low": True},
+    "entropy_coeff": {"low": 0.0}, "max_grad_norm": {"low": 0.0, "open_low": True}, "eval_every": {"low": 1},
+    "eval_episodes": {"low": 1},
+}
+
+
 def parse_args(argv=None) -> Config:
+    """The Config of the command line; every option is checked here, before any output is touched."""
     parser = config_parser(Config, __doc__)
     cfg = Config(**vars(parser.parse_args(argv)))
+    for name, bounds in RANGES.items():
+        check = check_int if isinstance(getattr(Config, name), int) else check_real
+        try:
+            check("--" + name.replace("_", "-"), getattr(cfg, name), **bounds)
+        except (TypeError, ValueError) as err:
+            parser.error(str(err))
+    if cfg.margin < 0 and cfg.margin != -1.0:
+        parser.error(f"--margin must be >= 0, or -1 for the task's default, got {cfg.margin}")
+    try:
+        make_task(cfg.env)
+    except (gym.error.Error, ImportError) as err:
+        parser.error(f"--env {cfg.env} cannot be made: {err}")
     if not cfg.demo:
         if cfg.env not in TASKS:
             parser.error(f"--env {cfg.env} ships no demo; pass --demo, or one of {', '.join(TASKS)}")
         cfg.demo = str(TASKS[cfg.env][0])
+    try:
+        recorded = Demo.load(cfg.demo).meta.get("env_spec", {}).get("id", cfg.env)
+    except ValueError as err:
+        parser.error(f"--demo: {err}")
+    if recorded != cfg.env:
+        parser.error(f"--demo {cfg.demo} was recorded in {recorded}, not in --env {cfg.env}")
     if cfg.margin == -1.0:
         cfg.margin = TASKS[cfg.env][2] if cfg.env in TASKS else 0.0
     if not cfg.name:
