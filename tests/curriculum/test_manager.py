@@ -45,12 +45,12 @@ def test_success_rate_is_fraction_of_the_batch():
     assert manager.rates[700].item() == 0.0 and manager.rates[710].item() == 1.0
 
 
-def reference_move(rates, maximum, mass, nudge, last):
-    """The move rule as a plain loop over indices."""
+def reference_move(rates, maximum, threshold, window, nudge, last):
+    """The move rule as a plain loop over indices: the mass of index i is that of min(window, i + 1) points."""
     total = 0.0
     for index, rate in enumerate(rates):
         total += rate
-        if total >= mass - 1e-9:
+        if total >= threshold * min(window, index + 1) - 1e-9:
             return min(maximum, index)
     return min(maximum + nudge, last)
 
@@ -70,7 +70,21 @@ def test_update_matches_a_per_index_loop(episodes, maximum, window):
         counts[point] += 1
         wins[point] += success
     rates = [w / c if c else 0.0 for w, c in zip(wins, counts)]
-    assert manager.update() == reference_move(rates, maximum, 0.5 * window, 7, 199)
+    assert manager.update() == reference_move(rates, maximum, 0.5, window, 7, 199)
+
+
+def test_the_maximum_reaches_the_demos_start():
+    # mass 0.5 * 4 = 2 can never be reached at index 0 or 1 (one and two rates of at most 1 each):
+    # the full mass left the maximum at 1 or nudged it forward
+    manager = ResetManager(100, 4, window=4, move_threshold=0.5, maximum=1)
+    manager.record([1, 0, 0, 0], [True, True, True, False])  # rate 2/3 at 0 >= 0.5 * 1
+    assert manager.update() == 0
+    manager = ResetManager(100, 4, window=4, move_threshold=0.5, maximum=1)
+    manager.record([1, 0, 0], [True, True, False])  # 0.5 at 0 reaches it too
+    assert manager.update() == 0
+    manager = ResetManager(100, 4, window=4, move_threshold=0.5, maximum=3)
+    manager.record([3, 2, 1, 0], [True, True, True, False])  # index 1: 0 + 1 >= 0.5 * 2
+    assert manager.update() == 1
 
 
 def test_decay_shrinks_old_rates():

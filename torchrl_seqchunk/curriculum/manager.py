@@ -25,8 +25,9 @@ class ResetManager:
       of the recorded batch's episodes from that point that succeeded; it
       overwrites the stored rate of that point (stored rates of other points
       are multiplied by ``decay`` first). The new maximum is the first index
-      where the cumulative sum of stored rates from index 0 reaches
-      ``move_threshold * window``, but never above the current maximum (the
+      ``i`` where the cumulative sum of stored rates from index 0 reaches
+      ``move_threshold * min(window, i + 1)`` (the mass the points ``0..i``
+      can hold, so the maximum can reach 0), but never above the current maximum (the
       rule only moves backward). If the mass is never reached, the maximum is
       nudged forward by ``nudge``, capped at ``demo_length - 1``.
 
@@ -197,8 +198,9 @@ class ResetManager:
             self.rates[seen] = wins[seen] / counts[seen]
             self.last_success_rate = successes.mean().item()
             self._points, self._successes = [], []
-        mass = self.move_threshold * self.window
-        reached = (self.rates.cumsum(0) >= mass - 1e-9).nonzero()
+        # the points 0..i hold at most i + 1 rates: near the demo's start the mass shrinks with them
+        points = torch.arange(1, self.demo_length + 1, dtype=torch.float64).clamp(max=self.window)
+        reached = (self.rates.cumsum(0) >= self.move_threshold * points - 1e-9).nonzero()
         if len(reached):
             self.maximum = min(self.maximum, int(reached[0]))
         else:
