@@ -28,9 +28,11 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import multiprocessing
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +109,11 @@ def evaluate_sb3(model, env, seed: int, index: int, episodes: int, frames: int, 
             "eval_return": float(returns.mean()), "eval_success": float(goals.mean())}
 
 
+def run(cell: tuple[str, str, int], args) -> list[dict]:
+    env, arm, seed = cell
+    return run_sb3(seed, args) if arm == "sb3" else run_ours(env, arm == "curriculum", seed, args)
+
+
 def first(rows: list[dict], test, budget: int) -> tuple[int, bool]:
     """Frames of the first row passing ``test``, or the budget; and whether one did."""
     hit = next((r["frames"] for r in rows if test(r)), None)
@@ -149,6 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=8, help="greedy episodes per evaluation")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--out", default="runs/bench_curriculum", help="output folder")
     args = parser.parse_args(argv)
     args.envs = args.envs.split(",")
@@ -160,7 +168,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
     if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds: distinct integers >= 0, got {args.seeds}")
-    for name in ("frames", "eval_every", "eval_episodes"):
+    for name in ("frames", "eval_every", "eval_episodes", "jobs"):
         if getattr(args, name) < (512 if name == "frames" else 1):
             parser.error(f"--{name.replace('_', '-')} must be >= {512 if name == 'frames' else 1}, "
                          f"got {getattr(args, name)}")
@@ -180,11 +188,12 @@ def main(argv=None) -> None:
     with open(out / "curriculum.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
-        for env, arm, seed in tqdm(grid, desc="runs"):
-            rows = run_sb3(seed, args) if arm == "sb3" else run_ours(env, arm == "curriculum", seed, args)
-            writer.writerows({"env": env, "arm": arm, "seed": seed, **r} for r in rows)
-            f.flush()
-            curves[env].setdefault(arm, []).append(rows)
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for (env, arm, seed), rows in tqdm(zip(grid, pool.map(run, grid, [args] * len(grid))),
+                                               total=len(grid), desc="runs"):
+                writer.writerows({"env": env, "arm": arm, "seed": seed, **r} for r in rows)
+                f.flush()
+                curves[env].setdefault(arm, []).append(rows)
     lines = [f"{args.frames} training frames per run, seeds {args.seeds}; frames to the target from the env's "
              "own reset (never: the budget, marked *); frames until the maximum starting point reaches 0.", "",
              "| env | arm | frames to target per seed | median | reached | frames to start 0 per seed |",
