@@ -17,11 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from bench_learning import (  # benchmarks/bench_learning.py
-    TARGET,
-    load_main_job,
-    summary,
-)
+from bench_learning import TARGET, summary  # benchmarks/bench_learning.py
+from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
 from tqdm import tqdm
 
 ROWS = {
@@ -54,8 +51,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=100_000, help="frame cap per run (default 100000)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument("--out", default="runs/ablation_learning", help="output folder")
-    args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    args = options.parse(parser, ints={"frames": 1, "jobs": 1}, int_lists={"seeds": 0})
+    seeds = args.seeds
     tasks = [(row, seed) for row in ROWS for seed in seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run, row, seed, args.frames) for row, seed in tasks]

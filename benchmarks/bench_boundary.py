@@ -49,9 +49,9 @@ import torch
 from bench_learning import (  # benchmarks/bench_learning.py
     WINDOW,
     finished_runs,
-    load_main_job,
     plot_runs,
 )
+from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import make_windows, slot_weights
@@ -59,6 +59,7 @@ from torchrl_seqchunk import make_windows, slot_weights
 ENV = "popgym:popgym-RepeatFirstEasy-v0"
 MODES = ("reset_continue", "mask", "inverse_count")
 CARDS = 52  # RepeatFirstEasy: one deck; each step scores +-1/51
+KEY = {"window": int, "mode": str, "seed": int}  # a run of the grid
 
 
 def run(mode: str, window: int, seed: int, args) -> list[dict]:
@@ -137,6 +138,15 @@ def plot(curves: dict, shares: dict, windows: list[int], modes: list[str], path:
     plt.close(fig)
 
 
+def check(args) -> None:
+    """The modes parsed (``mode_names``) and the kept runs (``done``) set on ``args``."""
+    args.mode_names = options.names("modes", args.modes, MODES)
+    if args.mode_names[0] != "reset_continue":
+        raise ValueError(f"--modes: reset_continue first, then any of {MODES[1:]}; got {args.modes!r}")
+    args.settings = {"total_frames": ("frames", args.frames), "episode_len": ("episode_len", args.episode_len)}
+    args.done = finished_runs(Path(args.out) / "boundary.csv", KEY, args.settings) if args.resume else {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Task: POPGym's RepeatFirstEasy "
                                      "(the popgym extra); the default grid, 96 runs, takes about an hour on 2 cores.",
@@ -148,14 +158,11 @@ def main() -> None:
     parser.add_argument("--episode-len", type=int, default=8, help="steps per episode (TimeLimit)")
     parser.add_argument("--frames", type=int, default=10_240, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_boundary", help="output folder")
-    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/boundary.csv")
-    args = parser.parse_args()
-    windows, seeds = [int(w) for w in args.windows.split(",")], [int(s) for s in args.seeds.split(",")]
-    modes = args.modes.split(",")
-    if modes[0] != "reset_continue" or any(m not in MODES for m in modes):
-        parser.error(f"--modes: reset_continue first, then any of {MODES[1:]}; got {args.modes!r}")
-    if not 1 <= args.episode_len <= CARDS - 1 or any(not 1 <= w <= 32 for w in windows):
-        parser.error("--episode-len must be in [1, 51] and every --windows entry in [1, 32] (the rollout length)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/boundary.csv (made "
+                        "with the same --frames and --episode-len; refused otherwise)")
+    args = options.parse(parser, ints={"episode_len": (1, CARDS - 1), "frames": 1},
+                         int_lists={"windows": (1, 32), "seeds": 0}, check=check)  # the main job's rollouts: 32 steps
+    windows, seeds, modes = args.windows, args.seeds, args.mode_names
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,23 +175,24 @@ def main() -> None:
                          for window in windows for mode, values in shares[window].items())
     curves, scores = {}, {}
     grid = [(window, mode, seed) for window in windows for seed in seeds for mode in modes]
-    done = finished_runs(out / "boundary.csv", {"window": int, "mode": str, "seed": int}) if args.resume else {}
+    done, settings = args.done, {column: value for column, (_, value) in args.settings.items()}
     with open(out / "boundary.csv", "a" if done else "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["window", "mode", "seed", "frames", "wall_s", "return_mean"])
+        writer = csv.DictWriter(f, fieldnames=[*KEY, *settings, "frames", "wall_s", "return_mean"])
         if not done:
             writer.writeheader()
         for window, mode, seed in tqdm(grid, desc="grid"):
             rows = done.get((window, mode, seed))
             if rows is None:
                 rows = run(mode, window, seed, args)
-                writer.writerows({"window": window, "mode": mode, "seed": seed, "frames": r["frames"],
+                writer.writerows({"window": window, "mode": mode, "seed": seed, **settings, "frames": r["frames"],
                                   "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows)
                 f.flush()
             curves.setdefault((mode, window), []).append(rows)
             scores[(mode, window, seed)] = auc(rows, best)
     rng = np.random.default_rng(0)
     lines = [f"RepeatFirstEasy, episodes of {args.episode_len} steps, {args.frames} frames per run, "
-             f"seeds {args.seeds}; AUC = mean return over the run, 0 = always wrong, 0.5 = chance, 1 = perfect.", "",
+             f"seeds {','.join(map(str, seeds))}; AUC = mean return over the run, 0 = always wrong, 0.5 = chance, "
+             "1 = perfect.", "",
              "| W | " + " | ".join(f"AUC {m}" for m in modes) + " | "
              + " | ".join(f"reset_continue - {m}: mean [95% CI], p" for m in modes[1:]) + " |",
              "|---" * (1 + 2 * len(modes) - 1) + "|"]

@@ -44,7 +44,6 @@ import csv
 import functools
 import math
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -66,9 +65,9 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-from distributed_ppo import join_loopback_group, loopback_store  # examples/distributed_ppo.py
+from toolkit import options  # noqa: E402  benchmarks/toolkit.py: examples/common
+
+from common.loopback import join_loopback_group, loopback_store  # noqa: E402  examples/common/loopback.py
 
 
 def parse_args(argv=None):
@@ -91,7 +90,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_distributed", help="output folder")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
-    return parser.parse_args(argv)
+    return options.parse(parser, argv, ints={
+        "rounds": 1, "busy_loops": 0, "collect_frames": 1, "frames_per_batch": 1, "steps": 1, "min_episode": 1,
+        "max_episode": 1, "obs_shape": 1, "num_streams": 1, "seq_len": 1, "samples": 1, "train_steps": 1,
+        "hidden": 1, "ddp_steps": 1, "seed": 0}, reals={"calibration_s": (0.0, None, True)},
+        check=lambda a: options.ordered("min_episode", a.min_episode, "max_episode", a.max_episode))
+
 
 
 # 0. calibration ----------------------------------------------------------------------------

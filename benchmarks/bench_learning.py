@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from collections import deque
@@ -38,27 +36,17 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
+from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import MaskObservation
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET, WINDOW, KEEP = 450.0, 20, (0, 2)
 
 
 def masked_cartpole() -> gym.Env:
     """The env both sides learn: CartPole-v1 observing cart position and pole angle."""
     return MaskObservation(gym.make("CartPole-v1"), KEEP)
-
-
-def load_main_job():
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))  # for its examples/cli.py
-    spec = importlib.util.spec_from_file_location("recurrent_ppo", ROOT / "examples" / "recurrent_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
-    spec.loader.exec_module(module)
-    return module
 
 
 def run_ours(seed: int, frames: int) -> list[dict]:
@@ -111,14 +99,28 @@ def run_sb3(seed: int, frames: int) -> list[dict]:
     return train_sb3(model, frames)  # the linear schedules run over `frames` (the zoo's 1e5)
 
 
-def finished_runs(path: Path, key: dict[str, type]) -> dict[tuple, list[dict]]:
+def finished_runs(path: Path, key: dict[str, type], settings: dict[str, tuple[str, object]]) -> dict[tuple, list[dict]]:
     """The runs an earlier call wrote to the CSV ``path`` (a run's rows are written once it
     ends), by the tuple of its ``key`` columns converted with their types; each row keeps
-    frames, wall_s and return_mean. Empty if ``path`` does not exist."""
+    frames, wall_s and return_mean. Empty if ``path`` does not exist.
+
+    ``settings`` maps a column to ``(option, value)``: the options that change a run's numbers
+    (its frames, its envs, ...). A ValueError names the option when a kept run was made with
+    another value, or when the CSV does not record it."""
     runs = {}
     if path.exists():
         with open(path, newline="") as f:
-            for r in csv.DictReader(f):
+            reader = csv.DictReader(f)
+            missing = [option for column, (option, _) in settings.items() if column not in (reader.fieldnames or ())]
+            if missing:
+                raise ValueError(f"--resume: {path} does not record the {', '.join(map(options.flag, missing))} of "
+                                 "its runs (written by an older version): run without --resume, or give another --out")
+            for r in reader:
+                for column, (option, value) in settings.items():
+                    if type(value)(r[column]) != value:
+                        raise ValueError(f"--resume: {path} holds runs made with {options.flag(option)} {r[column]}, "
+                                         f"not {value}: give {options.flag(option)} {r[column]} to complete them, "
+                                         "or another --out")
                 runs.setdefault(tuple(kind(r[name]) for name, kind in key.items()), []).append(
                     {"frames": int(r["frames"]), "wall_s": float(r["wall_s"]), "return_mean": float(r["return_mean"])})
     return runs
@@ -169,9 +171,9 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=100_000,
                         help="frames per run, also the cap counted for a miss (default 100000)")
     parser.add_argument("--out", default="runs/bench_learning", help="output folder (default runs/bench_learning)")
-    args = parser.parse_args()
+    args = options.parse(parser, ints={"frames": 1}, int_lists={"seeds": 0})
     torch.set_num_threads(1)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     runners = {"ours": run_ours, "sb3": run_sb3}
     curves, results = {side: [] for side in runners}, {side: [] for side in runners}
     out = Path(args.out)

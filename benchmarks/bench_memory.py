@@ -39,10 +39,11 @@ import torch
 from bench_learning import (  # benchmarks/bench_learning.py
     WINDOW,
     finished_runs,
-    load_main_job,
     plot_runs,
     train_sb3,
 )
+import toolkit  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from tqdm import tqdm
 
 from torchrl_seqchunk import EncodeObservation
@@ -58,7 +59,7 @@ def env_id(name: str) -> str:
 
 
 def run_ours(name: str, mode: str, seed: int, frames: int, num_envs: int) -> list[dict]:
-    job = load_main_job()
+    job = toolkit.load_main_job()
     batching = {"batching": "streams"} if mode == "streams" else {"boundary_mode": mode}
     with tempfile.TemporaryDirectory() as runs:
         cfg = job.Config(env=env_id(name), keep="all", seed=seed, total_frames=frames, num_envs=num_envs,
@@ -116,7 +117,10 @@ def plot(curves: dict, envs: list[str], modes: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+KEY = {"env": str, "mode": str, "seed": int}  # a cell of the grid
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--envs", default=",".join(SUITE), help="comma-separated POPGym env names")
@@ -129,31 +133,42 @@ def main() -> None:
     parser.add_argument("--no-sb3", action="store_true", help="leave sb3-contrib out (no bench extra needed)")
     parser.add_argument("--out", default="runs/bench_memory", help="output folder")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once, one process each (one core each)")
-    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/memory.csv")
-    args = parser.parse_args()
-    envs, seeds = args.envs.split(","), [int(s) for s in args.seeds.split(",")]
-    modes = [m for m in args.modes.split(",") if not (args.no_sb3 and m == "sb3")]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        parser.error(f"--modes: unknown {unknown}; choose from {MODES}")
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out/memory.csv (made "
+                        "with the same --frames and --num-envs; refused otherwise)")
+    return options.parse(parser, argv, ints={"frames": 1, "num_envs": 1, "jobs": 1}, int_lists={"seeds": 0},
+                         reals={"threshold": (None, None)}, check=check)
+
+
+def check(args) -> None:
+    """The lists parsed (``env_names``, ``mode_names``) and the kept runs (``done``) set on ``args``."""
+    args.env_names = args.envs.split(",")
+    for name in args.env_names:
+        options.gym_id("envs", env_id(name))
+    args.mode_names = [m for m in options.names("modes", args.modes, MODES) if not (args.no_sb3 and m == "sb3")]
+    if not args.mode_names:
+        raise ValueError("--modes: nothing left to run once --no-sb3 removed sb3")
+    args.settings = {"total_frames": ("frames", args.frames), "num_envs": ("num_envs", args.num_envs)}
+    args.done = finished_runs(Path(args.out) / "memory.csv", KEY, args.settings) if args.resume else {}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    envs, modes, seeds, done = args.env_names, args.mode_names, args.seeds, args.done
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    key = {"env": str, "mode": str, "seed": int}
-    done = finished_runs(out / "memory.csv", key) if args.resume else {}
     grid = [(name, mode, seed) for name in envs for mode in modes for seed in seeds]
     todo = [cell for cell in grid if cell not in done]
+    settings = {column: value for column, (_, value) in args.settings.items()}
     with open(out / "memory.csv", "a" if done else "w", newline="") as f, \
             ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        writer = csv.DictWriter(f, fieldnames=[*key, "frames", "wall_s", "return_mean"])
+        writer = csv.DictWriter(f, fieldnames=[*KEY, *settings, "frames", "wall_s", "return_mean"])
         if not done:
             writer.writeheader()
         running = {pool.submit(run_cell, *cell, args.frames, args.num_envs): cell for cell in todo}
         for future in tqdm(as_completed(running), total=len(todo), desc="grid"):
             cell = running[future]
             done[cell] = future.result()
-            writer.writerows(dict(zip(key, cell), **r) for r in done[cell])
+            writer.writerows(dict(zip(KEY, cell), **settings, **r) for r in done[cell])
             f.flush()
     curves, cells = {}, {}
     for name in envs:  # the frames at which every run of the env reports
@@ -165,7 +180,7 @@ def main() -> None:
                 cells.setdefault((name, mode), []).append(cell_summary(rows, args.threshold, args.frames, common))
     ours = [m for m in modes if m != "sb3"]
     versus = "sb3" in modes and bool(ours)  # the goal: the best of our modes vs sb3-contrib
-    lines = [f"MMER (median over seeds {args.seeds}, range) and frames to a mean return of "
+    lines = [f"MMER (median over seeds {','.join(map(str, seeds))}, range) and frames to a mean return of "
              f"{args.threshold:g} (median), {args.frames:,} frames per run", "",
              "| env | " + " | ".join(modes) + (" | best of ours - sb3 (median MMER) |" if versus else " |"),
              "| --- |" + " --- |" * (len(modes) + versus)]

@@ -27,6 +27,7 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 from timing import seconds_per_call  # benchmarks/timing.py
+from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from torch import nn
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,
@@ -52,7 +53,14 @@ def parse_args():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier)")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return options.parse(parser, ints={"windows": 16, "window": 1, "hidden": 1, "obs": 1, "actions": 2, "envs": 1,
+                                       "steps": 1, "rounds": 1, "warmup": 0, "threads": 1, "seed": 0},
+                         reals={"episode_length": (1.0, None)}, check=check_window)
+
+
+def check_window(args) -> None:
+    if args.window > args.steps:
+        raise ValueError(f"--window {args.window} is longer than --steps {args.steps}: give --window <= --steps")
 
 
 def random_rollout(num_envs, steps, args, generator):

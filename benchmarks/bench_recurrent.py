@@ -23,6 +23,8 @@ from torchrl.modules import GRUModule
 
 from torchrl_seqchunk import ResetRNN
 
+from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +41,9 @@ def parse_args():
         help="torch CPU threads (1 by default: stable figures on a shared machine)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return options.parse(parser, ints={"batch": 1, "time": 1, "input": 1, "hidden": 1, "rounds": 1, "warmup": 0,
+                                       "threads": 1, "seed": 0},
+                         reals={"reset_every": (1.0, None)}, devices=["device"])
 
 
 def cell_loop(cell, x, is_first):

@@ -26,6 +26,7 @@ import time
 import torch
 from tensordict import TensorDict
 from timing import seconds_per_call  # benchmarks/timing.py
+from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
@@ -45,7 +46,10 @@ def parse_args():
     parser.add_argument("--iters", type=int, default=20, help="calls per side per round")
     parser.add_argument("--memmap", action="store_true", help="LazyMemmapStorage instead")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    return options.parse(parser, ints={"steps": 1, "num_streams": 1, "seq_len": 1, "min_episode": 1,
+                                       "max_episode": 1, "obs_shape": 1, "rounds": 1, "iters": 1, "seed": 0},
+                         check=lambda a: options.ordered("min_episode", a.min_episode,
+                                                         "max_episode", a.max_episode))
 
 
 def fill(rb, args, generator):

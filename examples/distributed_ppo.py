@@ -31,7 +31,7 @@ ChunkPrefetcher and the ResetRNN carries of its streams. Per iteration, on every
   1. each of its workers' IngestThreads is asked for one rollout [num_envs, T]; the thread
      steps the collector, adds the advantages (boundary_gae, standardized per rollout) and
      writes the steps into the rank's buffer (trajectory ids tagged per worker);
-  2. `--epochs` epochs of [B, L] chunks, cut by EvenEpochs to the count every rank has, so
+  2. `--epochs` epochs of [B, T] chunks, cut by EvenEpochs to the count every rank has, so
      that every rank runs as many DDP steps (gradients averaged over the ranks);
   3. the workers get the new weights; rank 0 gathers the ranks' finished episodes and
      losses and writes the report.
@@ -44,100 +44,93 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import itertools
 import os
 import re
-import socket
-import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import tyro
 from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 
-from torchrl_seqchunk import (
-    ChunkPrefetcher,
-    EvenEpochs,
-    IngestThread,
-    TagTrajectories,
-    assign_workers,
-    rank_seed,
-)
+from torchrl_seqchunk import EvenEpochs, IngestThread, TagTrajectories, assign_workers, rank_seed
 
-from cli import config_parser, opt  # examples/cli.py
-from recurrent_ppo import (
-    CHOICES,
-    LOGGED,
-    Config,
-    Report,
-    add_advantages,
-    anneal,
-    finished_returns,
-    make_acting_env,
-    make_agent,
-    make_env,
-    make_loss,
-    make_stream_buffer,
-    run_dir,
-    update,
-)
+from common import options
+from common.agent import make_agent
+from common.batching import StreamBatching
+from common.config import RENAMED, Config
+from common.envs import check_keep, make_acting_env, make_env
+from common.loopback import join_loopback_group, loopback_store
+from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
+from common.report import Report, check_run_folder
+
+EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
 
 
 @dataclasses.dataclass
 class DistConfig(Config):
-    batching: str = opt("streams", "stream chunks with a carried state (the only batching here)")
-    workers: int = opt(2, "env workers, TorchRL collectors of num_envs envs each, assigned to learners round "
-                          "robin; a multiple of --learners, or the ranks with fewer workers set the chunks per epoch")
-    learners: int = opt(2, "learner processes (torch.distributed ranks on 127.0.0.1, one DDP replica each); "
-                           "under torchrun, its world size")
-    engine: str = opt("local", "where the env workers step: in their learner's process (local), or as Ray "
-                               "actors (ray: TorchRL's RayCollector; the distributed extra)")
-    address: str = opt("", 'ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local '
-                           "cluster on 127.0.0.1, without dashboard, for the run")
+    batching: Literal["streams"] = "streams"
+    """stream chunks with a carried state (the only batching here)"""
+    # the main job's windows batching: no flags here
+    boundary_mode: tyro.conf.Suppress[str] = "reset_continue"
+    window: tyro.conf.Suppress[int] = 32
+    stride: tyro.conf.Suppress[int] = 32
+    minibatches: tyro.conf.Suppress[int] = 1
+    workers: int = 2
+    """env workers, TorchRL collectors of num_envs envs each, assigned to learners round robin; a multiple of
+    --learners, or the ranks with fewer workers set the chunks per epoch"""
+    learners: int = 2
+    """learner processes (torch.distributed ranks on 127.0.0.1, one DDP replica each); under torchrun, its world size"""
+    engine: Literal["local", "ray"] = "local"
+    """where the env workers step: in their learner's process (local), or as Ray actors (ray: TorchRL's
+    RayCollector; the distributed extra)"""
+    address: str = ""
+    """ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local cluster on 127.0.0.1, without
+    dashboard, for the run"""
 
+    def default_name(self) -> str:
+        env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)
+        return f"{env}_streams_{self.engine}_{self.learners}learners_{self.workers}workers_seed{self.seed}"
 
-WINDOWS_ONLY = ("boundary_mode", "window", "stride", "minibatches")  # the main job's windows batching
-EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
+    def check(self) -> None:
+        world = torchrun_world_size()
+        if world is not None:
+            if self.learners not in (world, DistConfig.learners):
+                raise ValueError(f"--learners {self.learners}, but torchrun started {world} ranks (WORLD_SIZE); "
+                                 "under torchrun the learners are its ranks: leave --learners out")
+            if self.engine == "ray" and not self.address:
+                raise ValueError("under torchrun, --engine ray joins a running Ray cluster: give --address (for "
+                                 "example 'auto' after `ray start --head` on this node); the script starts a "
+                                 "cluster of its own only when it starts its own learners")
+        super().check()
+        learners = world or self.learners
+        if learners < 1 or self.workers < learners:
+            raise ValueError(f"--workers ({self.workers}) must be at least --learners ({learners}) >= 1: "
+                             "every learner needs an env worker")
+        if self.address and self.engine != "ray":
+            raise ValueError(f"--address {self.address!r} names a Ray cluster; add --engine ray "
+                             f"(got --engine {self.engine})")
+        if self.engine == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError('--engine ray needs Ray: pip install -e ".[distributed]" (or use --engine local)')
+        if self.engine == "ray" and torch.device(self.device).type != "cpu":
+            raise ValueError(f"--engine ray runs the policy on the Ray workers' CPUs, so the learners must be on "
+                             f"the CPU too; got --device {self.device} (use --engine local on GPUs)")
 
 
 def parse_args(argv=None) -> DistConfig:
-    parser = config_parser(DistConfig, __doc__, {**CHOICES, "batching": ("streams",), "engine": ("local", "ray")},
-                           hidden=WINDOWS_ONLY)
-    cfg = DistConfig(**vars(parser.parse_args(argv)))
+    cfg = options.cli(DistConfig, __doc__, argv, RENAMED)
     world = torchrun_world_size()
-    if world is not None:
-        if cfg.learners not in (world, parser.get_default("learners")):
-            parser.error(f"--learners {cfg.learners}, but torchrun started {world} ranks (WORLD_SIZE); under "
-                         "torchrun the learners are its ranks: leave --learners out")
-        cfg.learners = world
-        if cfg.engine == "ray" and not cfg.address:
-            parser.error("under torchrun, --engine ray joins a running Ray cluster: give --address (for example "
-                         "'auto' after `ray start --head` on this node); the script starts a cluster of its own "
-                         "only when it starts its own learners")
-    if cfg.address and cfg.engine != "ray":
-        parser.error(f"--address {cfg.address!r} names a Ray cluster; add --engine ray (got --engine {cfg.engine})")
-    if cfg.engine == "ray" and importlib.util.find_spec("ray") is None:
-        parser.error('--engine ray needs Ray: pip install -e ".[distributed]" (or use --engine local)')
-    if cfg.engine == "ray" and torch.device(cfg.device).type != "cpu":
-        parser.error(f"--engine ray runs the policy on the Ray workers' CPUs, so the learners must be on the "
-                     f"CPU too; got --device {cfg.device} (use --engine local on GPUs)")
-    if cfg.learners < 1 or cfg.workers < cfg.learners:
-        parser.error(f"--workers ({cfg.workers}) must be at least --learners ({cfg.learners}) >= 1: "
-                     "every learner needs an env worker")
-    if cfg.target_return != "auto":
-        try:
-            cfg.target
-        except ValueError:
-            parser.error(f"--target-return must be a number or 'auto', got {cfg.target_return!r}")
-    if not cfg.name:
-        env = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.env)
-        cfg.name = f"{env}_streams_{cfg.engine}_{cfg.learners}learners_{cfg.workers}workers_seed{cfg.seed}"
+    if world is not None:  # under torchrun, the learners are its ranks
+        cfg = dataclasses.replace(cfg, learners=world, name="" if cfg.name == cfg.default_name() else cfg.name)
+    options.or_fail(check_keep, cfg)
+    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
@@ -149,36 +142,17 @@ def torchrun_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"])
 
 
-def loopback_store() -> dist.TCPStore:
-    """The ranks' rendezvous: a torch.distributed store served from this process on a socket bound
-    to 127.0.0.1 (a TCPStore binding its own socket listens on every interface). Ranks join it
-    with join_loopback_group(..., store.port)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    return dist.TCPStore("127.0.0.1", listener.getsockname()[1], is_master=True,
-                         master_listen_fd=listener.detach(), wait_for_workers=False)
-
-
-def join_loopback_group(backend: str, rank: int, world_size: int, port: int) -> None:
-    """torch.distributed's default group through the loopback_store on `port`; gloo's own
-    sockets on the loopback interface too (unless GLOO_SOCKET_IFNAME says otherwise)."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(minutes=5))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
-
-
 def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch: int, total_frames: int):
     """Env worker `worker`: a TorchRL collector of one acting env (num_envs envs) whose trajectory
     ids carry the worker's tag; in this process (local) or a Ray actor (ray)."""
-    # a picklable factory: recurrent_ppo's Config, which Ray workers import, not this script's class
+    # a picklable factory: the toolkit's Config, which Ray workers import, not this script's class
     job = Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
     env_factory = functools.partial(make_acting_env, job, rnns, cfg.seed + 1000 * worker)
-    options = {"auto_register_policy_transforms": False,  # InitTracker(init_key="is_first") is there
-               "postproc": TagTrajectories(worker, cfg.workers)}
+    collector_options = {"auto_register_policy_transforms": False,  # InitTracker(init_key="is_first") is there
+                         "postproc": TagTrajectories(worker, cfg.workers)}
     if cfg.engine == "local":
         return Collector(env_factory(), policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
-                         device=cfg.device, **options)
+                         device=cfg.device, **collector_options)
     from torchrl.collectors.distributed import RayCollector
 
     # the worker starts from the weights pickled with the policy, then gets them from send_weights
@@ -186,7 +160,7 @@ def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch:
     return RayCollector(
         [env_factory], policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
         sync=True,  # a batch is collected when asked for, under the weights sent last: on-policy
-        collector_kwargs=[options], remote_configs=[{"num_cpus": 1}],
+        collector_kwargs=[collector_options], remote_configs=[{"num_cpus": 1}],
         weight_sync_schemes={},  # weights travel through Ray's object store (send_weights)
     )
 
@@ -210,17 +184,17 @@ def join_ray(cfg: DistConfig, rank: int) -> None:
     127.0.0.1 (no dashboard; one CPU per worker at least) and whose address it broadcasts."""
     import ray
 
-    options = {"runtime_env": {"working_dir": str(EXAMPLES)},  # the workers import recurrent_ppo
+    ray_options = {"runtime_env": {"working_dir": str(EXAMPLES)},  # the workers import common
                "log_to_driver": False, "logging_level": "warning"}
     address = [cfg.address]
     if not cfg.address:
         if rank == 0:
             ray.init(include_dashboard=False, _node_ip_address="127.0.0.1",
-                     num_cpus=max(cfg.workers, os.cpu_count() or 1), **options)
+                     num_cpus=max(cfg.workers, os.cpu_count() or 1), **ray_options)
             address = [ray.get_runtime_context().gcs_address]
         dist.broadcast_object_list(address, src=0)
     if not ray.is_initialized():
-        ray.init(address=address[0], **options)
+        ray.init(address=address[0], **ray_options)
 
 
 def leave_ray(cfg: DistConfig, rank: int) -> None:
@@ -254,7 +228,7 @@ def torchrun_learner(cfg: DistConfig) -> None:
     """This process as the learner rank torchrun started: joins torchrun's group (env://)."""
     rank = int(os.environ["RANK"])
     if rank == 0:
-        run_dir(cfg)  # refuse to replace a finished run before starting anything
+        check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)  # refuse to replace a finished run before starting
     device = rank_device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=5))
     learner(rank, dataclasses.replace(cfg, device=str(device)))
@@ -272,24 +246,27 @@ def learner(rank: int, cfg: DistConfig) -> None:
     workers = [w for w, r in enumerate(assign_workers(cfg.workers, cfg.learners)) if r == rank]
     frames_per_batch = cfg.num_envs * cfg.rollout_len
     iterations = -(-cfg.total_frames // (frames_per_batch * cfg.workers))  # whole rollouts
-    actor, critic, rnns = make_agent(cfg, make_env(cfg, warn=True))  # shaped by the env's specs
+    actor, critic, rnns = make_agent(cfg, make_env(cfg, warn=True), carry=True)  # shaped by the env's specs
     actor, critic = actor.to(device), critic.to(device)
     policy = TensorDictSequential(actor, critic)  # the critic also runs, storing its memory
     collectors = [make_collector(cfg, w, policy, rnns, frames_per_batch, iterations * frames_per_batch)
                   for w in workers]
-    loss_module = make_loss(cfg, actor, critic)
-    ddp = nn.parallel.DistributedDataParallel(loss_module)  # averages gradients over the ranks
-    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
     # every rollout of this rank's workers, read as B streams whose draws are seeded by (seed, rank)
     generator = torch.Generator().manual_seed(rank_seed(cfg.seed, rank))
-    buffer = make_stream_buffer(cfg, len(workers) * frames_per_batch, generator)
-    even = EvenEpochs(buffer)
+    buffer = StreamBatching.make_buffer(cfg, len(workers) * frames_per_batch, generator)
+    batching = StreamBatching(cfg, buffer, epoch=EvenEpochs(buffer))  # as many chunks on every rank
+    loss_module = batching.make_loss(actor, critic)
+    ddp = nn.parallel.DistributedDataParallel(loss_module)  # averages gradients over the ranks
+    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
 
     def advantages(rollout):  # [num_envs, T]; a RayCollector stacks its one worker's: [1, num_envs, T]
-        return add_advantages(cfg, critic, rollout.reshape(-1, rollout.shape[-1]).to(device))
+        return add_advantages(cfg, critic, rollout.reshape(-1, rollout.shape[-1]).to(device), standardize=True)
 
     ingests = [IngestThread(c, buffer, transform=advantages, on_demand=True) for c in collectors]
-    report = Report(cfg, iterations * frames_per_batch * cfg.workers) if rank == 0 else None
+    report = Report(check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite),
+                    planned_frames=iterations * frames_per_batch * cfg.workers, target=cfg.target,
+                    return_window=cfg.return_window, stop_at_target=cfg.stop_at_target,
+                    progress=cfg.progress) if rank == 0 else None
     try:
         for iteration in range(iterations):
             buffer.empty()  # on-policy: this iteration's rollouts only
@@ -299,9 +276,7 @@ def learner(rank: int, cfg: DistConfig) -> None:
                 ingest.wait(iteration + 1)
             torch.set_num_threads(cfg.threads)
             steps = buffer.storage[: len(buffer)]  # this iteration's rollouts
-            epochs = itertools.chain.from_iterable(itertools.repeat(even, cfg.epochs))
-            with ChunkPrefetcher(epochs, device=device) as chunks:
-                losses = update(cfg, ddp, optim, chunks)
+            losses = update(ddp, optim, batching.batches(), weight=batching.weight, max_grad_norm=cfg.max_grad_norm)
             for collector in collectors:
                 send_weights(cfg, collector, policy)
             anneal(cfg, optim, loss_module, max(0.0, 1 - (iteration + 1) / iterations))
@@ -323,13 +298,14 @@ def learner(rank: int, cfg: DistConfig) -> None:
         for collector in collectors:
             collector.shutdown()
     if report is not None:
-        report.close()
+        report.close(cfg.name)
     if cfg.engine == "ray":
         leave_ray(cfg, rank)
     dist.destroy_process_group()
 
 
 def main(cfg: DistConfig) -> None:
+    cfg.check()
     if torchrun_world_size() is not None:
         torchrun_learner(cfg)
         return
@@ -338,7 +314,7 @@ def main(cfg: DistConfig) -> None:
         # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
         # and token authentication on every rank (~/.ray/auth_token, made by the first ray.init)
         os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token")
-    run_dir(cfg)  # refuse to replace a finished run before starting anything
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)  # refuse to replace a finished run before starting
     store = loopback_store()  # serves the learners' rendezvous while they run
     mp.start_processes(spawned_learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
 

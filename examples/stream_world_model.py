@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-from cli import config_parser, opt  # examples/cli.py
+from common import options
+from common.report import check_run_folder
 
 try:
     import ale_py
@@ -44,25 +45,54 @@ except ModuleNotFoundError as err:  # the Atari games come with the optional ext
 
 @dataclasses.dataclass
 class Config:
-    env: str = opt("ALE/Breakout-v5", "Atari game (gymnasium id; needs the atari extra)")
-    total_frames: int = opt(20_000, "env steps collected by the random policy")
-    train_steps: int = opt(150, "gradient steps per model")
-    seed: int = opt(0, "seed of torch, the env and the sampler")
-    device: str = opt("cpu", "torch device of the models")
-    name: str = opt("", 'run directory under --runs-dir; "" derives it from the env and seed')
-    runs_dir: str = opt("runs", "folder of the run directories")
-    size: int = opt(64, "frames are resized to size x size grayscale")
-    num_streams: int = opt(16, "B, streams per chunk")
-    seq_len: int = opt(64, "T, steps per chunk")
-    hidden: int = opt(256, "units of the recurrent layer")
-    lr: float = opt(3e-4, "Adam learning rate")
-    prefetch_depth: int = opt(4, "chunks the ChunkPrefetcher prepares ahead")
-    threads: int = opt(1, "torch intra-op threads for training (the prefetcher has its own thread)")
+    env: str = "ALE/Breakout-v5"
+    """Atari game (gymnasium id; needs the atari extra)"""
+    total_frames: int = 20_000
+    """env steps collected by the random policy"""
+    train_steps: int = 150
+    """gradient steps per model"""
+    seed: int = 0
+    """seed of torch, the env and the sampler"""
+    device: str = "cpu"
+    """torch device of the models"""
+    name: str = ""
+    """run directory under --runs-dir; "" derives it from the env and seed"""
+    runs_dir: str = "runs"
+    """folder of the run directories"""
+    overwrite: bool = False
+    """replace the outputs of a finished run of the same name"""
+    size: int = 64
+    """frames are resized to size x size grayscale (a multiple of 8)"""
+    num_streams: int = 16
+    """B, streams per chunk"""
+    seq_len: int = 64
+    """T, steps per chunk"""
+    hidden: int = 256
+    """units of the recurrent layer"""
+    lr: float = 3e-4
+    """Adam learning rate, > 0"""
+    prefetch_depth: int = 4
+    """chunks the ChunkPrefetcher prepares ahead"""
+    threads: int = 1
+    """torch intra-op threads for training (the prefetcher has its own thread)"""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"world_model_{self.env.split('/')[-1]}_seed{self.seed}"
+
+    def check(self) -> None:
+        """Every option against its meaning; a ValueError names the flag."""
+        for name, low in {"total_frames": 1, "train_steps": 1, "seed": 0, "size": 8, "num_streams": 1,
+                          "seq_len": 1, "hidden": 1, "prefetch_depth": 1, "threads": 1}.items():
+            options.integer(name, getattr(self, name), low)
+        if self.size % 8:
+            raise ValueError(f"--size must be a multiple of 8 (e.g. 64), got {self.size}")
+        options.real("lr", self.lr, 0.0, open_low=True)
+        options.device("device", self.device)
 
 
 def parse_args(argv=None) -> Config:
-    cfg = Config(**vars(config_parser(Config, __doc__).parse_args(argv)))
-    cfg.name = cfg.name or f"world_model_{cfg.env.split('/')[-1]}_seed{cfg.seed}"
+    cfg = options.cli(Config, __doc__, argv)
+    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
@@ -177,10 +207,10 @@ def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
 
 
 def main(cfg: Config) -> dict[str, np.ndarray]:
+    cfg.check()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    out_dir = Path(cfg.runs_dir) / cfg.name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
 
     buffer = TensorDictReplayBuffer(
         storage=LazyTensorStorage(cfg.total_frames),
@@ -206,6 +236,7 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
     curves = {k: torch.zeros(cfg.seq_len) for k in models}
 
     waited, start = 0.0, time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)  # every option checked, the data collected
     with ChunkPrefetcher(buffer.sample, depth=cfg.prefetch_depth, device=cfg.device) as chunks, \
             open(out_dir / "metrics.csv", "w", newline="") as f:
         writer = csv.writer(f)

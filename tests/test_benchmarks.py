@@ -17,13 +17,27 @@ import bench_boundary  # noqa: E402
 import bench_learning  # noqa: E402
 import bench_memory  # noqa: E402
 
+WRITERS = {"bench_memory.py", "bench_boundary.py", "bench_learning.py", "ablation_learning.py", "bench_distributed.py"}
+
+
+def command(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
 
 def run_bench(script: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    result = command(script, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def refusal(script: str, *args: str) -> str:
+    """The error of a refused command line (argparse's status 2), its words joined by single spaces."""
+    result = command(script, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    return " ".join(result.stderr.split())
+
 
 
 def test_metrics_by_hand():
@@ -60,14 +74,19 @@ def test_memory_suite_runs_every_env_and_mode(tmp_path):
     assert (tmp_path / "modes" / "memory_curves.png").stat().st_size > 1000
 
 
-def test_memory_table_from_finished_runs_reads_every_side_at_common_frames(tmp_path):
-    # runs written by an earlier call: ours report every 256 frames, sb3 every 1,024; --resume runs nothing
-    (tmp_path / "memory.csv").write_text(
-        "env,mode,seed,frames,wall_s,return_mean\n"
-        + "".join(f"RepeatFirstEasy,reset_continue,{seed},{f},1.0,{v}\n"
+def write_kept_runs(path, frames=1024, num_envs=8):
+    """Runs an earlier call wrote: ours report every 256 frames, sb3 every 1,024."""
+    path.write_text(
+        "env,mode,seed,total_frames,num_envs,frames,wall_s,return_mean\n"
+        + "".join(f"RepeatFirstEasy,reset_continue,{seed},{frames},{num_envs},{f},1.0,{v}\n"
                   for seed, values in ((0, (-0.5, 0.3, -0.4, -0.2)), (1, (-0.5, -0.5, -0.5, -0.4)))
                   for f, v in zip((256, 512, 768, 1024), values))
-        + "RepeatFirstEasy,sb3,0,1024,9.0,-0.25\nRepeatFirstEasy,sb3,1,1024,9.0,-0.45\n")
+        + f"RepeatFirstEasy,sb3,0,{frames},{num_envs},1024,9.0,-0.25\n"
+        + f"RepeatFirstEasy,sb3,1,{frames},{num_envs},1024,9.0,-0.45\n")
+
+
+def test_memory_table_from_finished_runs_reads_every_side_at_common_frames(tmp_path):
+    write_kept_runs(tmp_path / "memory.csv")  # --resume runs nothing
     out = run_bench("bench_memory.py", "--envs", "RepeatFirstEasy", "--modes", "reset_continue,sb3", "--seeds",
                     "0,1", "--frames", "1024", "--threshold", "-0.3", "--resume", "--out", str(tmp_path))
     # at frame 1,024: ours -0.2 and -0.4 (median -0.3; the 0.3 at frame 512 is not read), sb3 -0.25 and -0.45
@@ -76,10 +95,49 @@ def test_memory_table_from_finished_runs_reads_every_side_at_common_frames(tmp_p
     assert "RATIO mmer_best_ours_minus_sb3_RepeatFirstEasy +0.050" in out
 
 
+@pytest.mark.parametrize("kept, flag", [({"frames": 256}, "--frames 256"), ({"num_envs": 2}, "--num-envs 2")])
+def test_memory_resume_refuses_kept_runs_of_other_settings_by_name(tmp_path, kept, flag):
+    # kept runs of 256 frames (or 2 envs) must not pass for the cells of a 1,024-frame, 8-env grid
+    write_kept_runs(tmp_path / "memory.csv", **kept)
+    before = (tmp_path / "memory.csv").read_text()
+    message = refusal("bench_memory.py", "--envs", "RepeatFirstEasy", "--modes", "reset_continue,sb3", "--seeds",
+                      "0,1", "--frames", "1024", "--num-envs", "8", "--resume", "--out", str(tmp_path))
+    assert f"holds runs made with {flag}" in message
+    assert (tmp_path / "memory.csv").read_text() == before and not (tmp_path / "memory_table.md").exists()
+
+
+def test_memory_resume_refuses_runs_that_do_not_record_their_settings(tmp_path):
+    (tmp_path / "memory.csv").write_text("env,mode,seed,frames,wall_s,return_mean\n"
+                                        "RepeatFirstEasy,reset_continue,0,256,1.0,-0.5\n")
+    message = refusal("bench_memory.py", "--envs", "RepeatFirstEasy", "--modes", "reset_continue", "--seeds", "0",
+                      "--resume", "--out", str(tmp_path))
+    assert "does not record the --frames, --num-envs of its runs" in message
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_memory.py", ["--frames", "0"], "--frames must be >= 1"),
+    ("bench_memory.py", ["--seeds", "0,0"], "--seeds lists a value twice"),
+    ("bench_memory.py", ["--modes", "sb3", "--no-sb3"], "nothing left to run"),
+    ("bench_memory.py", ["--jobs", "0"], "--jobs must be >= 1"),
+    ("bench_boundary.py", ["--windows", "0,4"], "--windows must be in [1, 32]"),
+    ("bench_boundary.py", ["--modes", "mask"], "reset_continue first"),
+    ("bench_learning.py", ["--seeds", "-1"], "--seeds must be >= 0"),
+    ("ablation_learning.py", ["--jobs", "0"], "--jobs must be >= 1"),
+    ("bench_sampler.py", ["--min-episode", "50", "--max-episode", "10"],
+     "--min-episode 50 must be <= --max-episode 10"),
+    ("bench_sampler.py", ["--obs-shape", "3", "0"], "--obs-shape must be >= 1"),
+    ("bench_recurrent.py", ["--reset-every", "0"], "--reset-every must be >= 1.0"),
+    ("bench_ppo.py", ["--window", "300"], "--window 300 is longer than --steps 256"),
+    ("bench_distributed.py", ["--calibration-s", "0"], "--calibration-s must be > 0.0"),
+])
+def test_every_benchmark_checks_its_options_before_it_writes(tmp_path, script, args, message):
+    out = ["--out", str(tmp_path / "out")] if script in WRITERS else []
+    assert message in refusal(script, *args, *out)
+    assert not (tmp_path / "out").exists()
+
+
 def test_memory_suite_refuses_an_unknown_mode(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--modes", "lstm",
-                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 2 and "unknown ['lstm']" in result.stderr
+    assert "unknown ['lstm']" in refusal("bench_memory.py", "--modes", "lstm", "--out", str(tmp_path))
 
 
 def test_sb3_side_runs_when_the_bench_extra_is_installed(tmp_path):

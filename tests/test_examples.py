@@ -2,6 +2,7 @@
 import csv
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,16 +11,31 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+       "COLUMNS": "200"}  # tyro's help and errors wrap at the terminal's width
+
+
+def command(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
 
 
 def run_example(script: str, *args: str, timeout: float = 300) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / script), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT,
-    )
+    result = command(script, *args, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def refusal(script: str, *args: str) -> str:
+    """The error of a refused command line (status 2), its words joined by single spaces."""
+    result = command(script, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stderr).split())
+
+
+def flags(help_text: str) -> list[str]:
+    """The flags a --help lists (the first spelling of each, -h left out)."""
+    return re.findall(r"^│ (--[a-z0-9-]+)", help_text, flags=re.M)
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -56,9 +72,7 @@ def test_recurrent_ppo_truncates_episodes_at_max_episode_steps(tmp_path):
     (row,) = read_csv(tmp_path / "run" / "metrics.csv")
     # CartPole pays 1 per step, so no episode returns more than 5; each env ends at least 12 in 64 steps
     assert float(row["return_mean"]) <= 5 and int(row["episodes"]) >= 2 * (64 // 5)
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), "--max-episode-steps",
-                             "-1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 2 and "--max-episode-steps must be >= 0" in result.stderr
+    assert "--max-episode-steps must be >= 0" in refusal("recurrent_ppo.py", "--max-episode-steps", "-1")
 
 
 def test_recurrent_ppo_keeps_a_finished_run_unless_asked(tmp_path):
@@ -66,9 +80,7 @@ def test_recurrent_ppo_keeps_a_finished_run_unless_asked(tmp_path):
             "--stride", "64", "--runs-dir", str(tmp_path), "--name", "run")
     run_example("recurrent_ppo.py", *args)
     first = (tmp_path / "run" / "metrics.csv").read_text()
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), *args],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode != 0 and "--overwrite" in result.stderr
+    assert "--overwrite" in refusal("recurrent_ppo.py", *args)
     assert (tmp_path / "run" / "metrics.csv").read_text() == first
     run_example("recurrent_ppo.py", *args, "--overwrite", "--seed", "1")
     assert (tmp_path / "run" / "metrics.csv").read_text() != first
@@ -88,8 +100,7 @@ def test_recurrent_ppo_on_multi_discrete_actions_has_a_deterministic_action(tmp_
     monkeypatch.setenv("PYTHONWARNINGS", "error:deterministic_sample")
     run_example("recurrent_ppo.py", "--env", "popgym:popgym-BattleshipEasy-v0", "--total-frames", "64",
                 "--num-envs", "2", "--keep", "all", "--runs-dir", str(tmp_path), "--name", "battleship")
-    sys.path.insert(0, str(ROOT / "examples"))
-    from recurrent_ppo import IndependentOneHotCategorical
+    from examples.common.agent import IndependentOneHotCategorical
 
     logits = torch.tensor([[[2.0, 0.5, 1.0], [0.0, 0.0, 3.0]]])  # [1, k=2, n=3]
     expected = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])  # the argmax of each row, by hand
@@ -99,10 +110,8 @@ def test_recurrent_ppo_on_multi_discrete_actions_has_a_deterministic_action(tmp_
 def test_recurrent_ppo_help_gives_every_default_and_refuses_a_mode_it_would_ignore():
     out = run_example("recurrent_ppo.py", "--help")
     assert "(default: 100000)" in out and "(default: reset_continue)" in out
-    assert out.count("(default:") == out.count("\n  --")  # every flag says its default
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "recurrent_ppo.py"), "--batching", "streams",
-                             "--boundary-mode", "mask"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 2 and "windows only" in result.stderr
+    assert out.count("(default:") == len(flags(out))  # every flag says its default
+    assert "windows only" in refusal("recurrent_ppo.py", "--batching", "streams", "--boundary-mode", "mask")
 
 
 def test_stream_world_model_writes_finite_losses_and_plot(tmp_path):
@@ -136,24 +145,19 @@ def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
     assert all(1 <= float(r["return_mean"]) <= 500 for r in rows)
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
     assert "frames_to_450" in out
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--learners", "2",
-                             "--workers", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 2 and "every learner needs an env worker" in result.stderr
+    assert "every learner needs an env worker" in refusal("distributed_ppo.py", "--learners", "2", "--workers", "1")
 
 
 def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--address", "auto"],
-                            check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert result.returncode == 2 and "--address 'auto' names a Ray cluster; add --engine ray" in result.stderr
+    message = refusal("distributed_ppo.py", "--address", "auto")
+    assert "--address 'auto' names a Ray cluster; add --engine ray" in message
 
 
 def test_distributed_ppo_help_offers_no_windows_only_flag():
     out = run_example("distributed_ppo.py", "--help")
-    assert "--learners" in out and "--chunk-len" in out
-    assert not any(flag in out for flag in ("--boundary-mode", "--window ", "--stride", "--minibatches"))
-    assert out.count("(default:") == out.count("\n  --")  # every flag says its default
+    assert {"--learners", "--seq-len", "--num-streams"} <= set(flags(out))
+    assert not {"--boundary-mode", "--window", "--stride", "--minibatches"} & set(flags(out))
+    assert out.count("(default:") == len(flags(out))  # every flag says its default
 
 
 @pytest.mark.slow
@@ -185,3 +189,37 @@ def test_recurrent_ppo_reaches_the_learning_goal_and_stays(tmp_path):
     reached = [int(r["frames"]) for r in rows if float(r["return_mean"]) >= 450]
     assert reached and reached[0] <= 100_000, out[-2000:]
     assert float(rows[-1]["return_mean"]) >= 450, out[-2000:]
+
+
+def finished_run(folder: Path) -> dict[str, bytes]:
+    """A run folder as a finished run leaves it: metrics.csv with a row, and the curve."""
+    folder.mkdir(parents=True)
+    (folder / "metrics.csv").write_text("frames,wall_s,episodes,return_mean\n128,1.0,5,19.2\n")
+    (folder / "learning_curve.png").write_bytes(b"\x89PNG curve")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_refused_overwrite_leaves_the_finished_run_as_it_was(tmp_path):
+    kept = finished_run(tmp_path / "run")
+    message = refusal("recurrent_ppo.py", "--overwrite", "--window", "64", "--rollout-len", "16",
+                      "--runs-dir", str(tmp_path), "--name", "run")
+    assert "--window 64 is longer than --rollout-len 16" in message
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == kept
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
+    (["--keep", "0,9"], "--keep 0,9: keep=[0, 9] is out of range for an observation of size 4"),
+    (["--total-frames", "0"], "--total-frames must be >= 1"),
+])
+def test_a_failed_start_writes_nothing(tmp_path, bad, message):
+    assert message in refusal("recurrent_ppo.py", *bad, "--runs-dir", str(tmp_path), "--name", "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_produced_nothing_does_not_block_the_corrected_rerun(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.csv").write_text("")  # what a failed start used to leave
+    run_example("recurrent_ppo.py", "--total-frames", "64", "--num-envs", "2", "--runs-dir", str(tmp_path),
+                "--name", "run", "--no-progress")
+    assert [int(r["frames"]) for r in read_csv(tmp_path / "run" / "metrics.csv")] == [64]

@@ -1,0 +1,61 @@
+"""The main job's env: built here, stepped by the collector elsewhere."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv, VecNormV2
+
+from torchrl_seqchunk import ReturnScaledReward
+from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env
+
+
+def kept_indices(cfg, *, warn: bool = False) -> tuple[int, ...] | None:
+    """The observation indices of ``--keep`` (None: the whole observation); ``warn``: say if
+    ``--keep auto`` knows no mask for the env."""
+    if cfg.keep == "all":
+        return None
+    if cfg.keep != "auto":
+        return tuple(int(i) for i in cfg.keep.split(","))  # e.g. "0,2"
+    keep = DEFAULT_KEEP.get(cfg.env)
+    if warn and keep is None:
+        warnings.warn(f"--keep auto: no known mask for {cfg.env}, so the agent sees the env's whole "
+                      "observation (right for tasks that are partially observable already, such as "
+                      "POPGym's); pass --keep with the indices to keep to hide the rest.", stacklevel=2)
+    return keep
+
+
+def check_keep(cfg) -> None:
+    """Builds one env of the run to check ``--keep`` against its observation; a ValueError names the flag."""
+    try:
+        make_masked_env(cfg.env, kept_indices(cfg)).close()
+    except ValueError as err:
+        raise ValueError(f"--keep {cfg.keep}: {err}") from None
+
+
+def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
+    """The batched, transformed env of the run; ``warn``: say once per run if --keep auto knows no mask."""
+    limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
+    factory = functools.partial(make_masked_env, cfg.env, kept_indices(cfg, warn=warn), **limit)  # picklable
+    batched = (ParallelEnv if cfg.parallel else SerialEnv)(cfg.num_envs, factory)
+    # is_first: True on the first step of every episode, what ResetRNN resets on.
+    transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
+    if cfg.obs_norm:  # one set of statistics over all envs (TorchRL calls a batched env experimental)
+        warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
+        transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))
+    if cfg.reward_norm:
+        transforms.append(ReturnScaledReward(gamma=cfg.gamma))
+    return TransformedEnv(batched, Compose(*transforms))
+
+
+def make_acting_env(cfg, rnns, seed: int) -> TransformedEnv:
+    """make_env's env with the primers of the agent's ResetRNNs, seeded: what a collector steps.
+
+    The primers declare each ResetRNN's memory in the env specs: zeros at reset, carried
+    from ("next", state) to the root by the collector. A module-level function, so
+    functools.partial(make_acting_env, cfg, rnns, seed) is a picklable env factory for
+    workers in other processes (Ray actors)."""
+    env = make_env(cfg)
+    env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
+    env.set_seed(seed)
+    return env

@@ -1,0 +1,127 @@
+"""The run folder ``<runs_dir>/<name>``: metrics.csv (one row per iteration), a progress bar,
+learning_curve.png beside it, and a summary line.
+
+A run counts as finished once its metrics.csv holds a row: a run that failed before it
+produced anything does not block the next one, and a refused or failed start leaves an
+earlier run's outputs as they were (they are replaced only when the new run's first row is
+written). TorchRL's ``CSVLogger`` writes one file per scalar under ``scalars/`` and
+``generate_exp_name`` adds a date and a random id, so neither gives the one table of a
+named, reproducible run folder that the examples and benchmarks read.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+
+from tqdm import tqdm
+
+METRICS, CURVE = "metrics.csv", "learning_curve.png"
+
+
+def finished(out_dir: Path) -> bool:
+    """``out_dir`` holds a run that produced something: a metrics.csv with a row below its header."""
+    try:
+        with open(Path(out_dir) / METRICS, newline="") as f:
+            reader = csv.reader(f)
+            return next(reader, None) is not None and next(reader, None) is not None
+    except FileNotFoundError:
+        return False
+
+
+def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
+    """``runs_dir/name``; a ValueError if it holds a finished run and ``overwrite`` is False."""
+    out_dir = Path(runs_dir) / name
+    if finished(out_dir) and not overwrite:
+        raise ValueError(f"{out_dir} holds the outputs of an earlier run; pass --name to write "
+                         "elsewhere or --overwrite to replace them.")
+    return out_dir
+
+
+def plot_curve(rows: list[dict], path: Path, *, target: float | None, return_window: int, title: str) -> None:
+    """The mean return by frame (NaN left out), with the target as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(r["frames"], r["return_mean"]) for r in rows if not math.isnan(r["return_mean"])]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if points:
+        ax.plot(*zip(*points))
+    if target is not None:  # the target line belongs to the task it was set for
+        ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:g}")
+        ax.legend(loc="upper left")
+    ax.set(xlabel="frames", ylabel=f"mean return, last {return_window} episodes", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+class Report:
+    """One row per iteration in ``out_dir/metrics.csv``, a progress bar, the frames to the
+    target, and at the end ``learning_curve.png`` and a summary line.
+
+    Columns: frames, wall_s, episodes, return_mean (mean raw return of the last
+    ``return_window`` finished episodes; NaN before the first), then the ``losses`` given to
+    :meth:`add`. Nothing is written before the first :meth:`add`."""
+
+    def __init__(self, out_dir: Path, *, planned_frames: int, target: float | None = None,
+                 return_window: int = 20, stop_at_target: bool = False, progress: bool = True):
+        self.out_dir, self.target, self.stop_at_target = Path(out_dir), target, stop_at_target
+        self.returns: deque[float] = deque(maxlen=return_window)
+        self.rows, self.frames, self.episodes, self.frames_to_target = [], 0, 0, None
+        self.start = time.perf_counter()
+        self.bar = tqdm(total=planned_frames, unit="frames", disable=not progress)
+        self.file = self.writer = None
+
+    @property
+    def reached(self) -> bool:
+        """The run should stop: ``stop_at_target`` and the target was reached."""
+        return self.stop_at_target and self.frames_to_target is not None
+
+    def add(self, frames: int, returns: list[float], losses: Mapping) -> dict:
+        """Counts ``frames`` more frames and the ``returns`` of the episodes that ended in them;
+        ``losses``: name -> scalar (tensor or float). Returns the row written."""
+        self.frames += frames
+        self.returns.extend(returns)
+        self.episodes += len(returns)
+        return_mean = sum(self.returns) / len(self.returns) if self.returns else float("nan")
+        if (self.frames_to_target is None and len(self.returns) == self.returns.maxlen
+                and self.target is not None and return_mean >= self.target):
+            self.frames_to_target = self.frames
+        row = {"frames": self.frames, "wall_s": round(time.perf_counter() - self.start, 2),
+               "episodes": self.episodes, "return_mean": return_mean, **{k: float(v) for k, v in losses.items()}}
+        self.rows.append(row)
+        if self.writer is None:  # the first row replaces an earlier run's outputs
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / CURVE).unlink(missing_ok=True)
+            self.file = open(self.out_dir / METRICS, "w", newline="")
+            self.writer = csv.DictWriter(self.file, fieldnames=list(row))
+            self.writer.writeheader()
+        self.writer.writerow(row)
+        self.file.flush()
+        first_loss = next(iter(losses), None)
+        postfix = {"ret": f"{return_mean:.1f}", **({"loss": f"{row[first_loss]:.3f}"} if first_loss else {})}
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(frames)  # one refresh per iteration
+        return row
+
+    def close(self, title: str = "") -> None:
+        """Closes the bar and the CSV, draws the curve and prints the summary line."""
+        self.bar.close()
+        if self.file is None:
+            return
+        self.file.close()
+        rows = self.rows
+        plot_curve(rows, self.out_dir / CURVE, target=self.target, return_window=self.returns.maxlen,
+                   title=title or self.out_dir.name)
+        seen = [r["return_mean"] for r in rows if not math.isnan(r["return_mean"])]
+        reached = "not reached" if self.frames_to_target is None else self.frames_to_target
+        target = f"frames_to_{self.target:g}: {reached} " if self.target is not None else ""
+        print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
+              f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {self.out_dir}")

@@ -1,0 +1,116 @@
+"""examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
+import math
+
+import pytest
+import torch
+
+from examples.common import options
+from examples.common.config import RENAMED, Config, uncovered_steps
+from examples.common.report import Report, check_run_folder, finished
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("rollout_len, window, stride, lost", [
+    (32, 32, 32, 0),  # the defaults: one window per row
+    (40, 32, 32, 8),  # one window at 0: steps 32..39 in none
+    (40, 32, 8, 0),   # windows at 0 and 8 end at the rollout's end
+    (32, 8, 24, 16),  # windows at 0 and 24: steps 8..23 in none
+    (10, 4, 3, 0),    # windows at 0, 3, 6 cover 0..9
+    (10, 4, 4, 2),    # windows at 0, 4: steps 8, 9 in none
+])
+def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
+    assert uncovered_steps(rollout_len, window, stride) == lost
+
+
+@pytest.mark.parametrize("options_, message", [
+    ({"max_grad_norm": -1.0}, "--max-grad-norm must be > 0.0"),
+    ({"clip_epsilon": -0.2}, "--clip-epsilon must be in (0.0, 1.0]"),
+    ({"return_window": 0}, "--return-window must be >= 1"),
+    ({"total_frames": 0}, "--total-frames must be >= 1"),
+    ({"total_frames": -5}, "--total-frames must be >= 1"),
+    ({"epochs": 0}, "--epochs must be >= 1"),
+    ({"num_envs": 0}, "--num-envs must be >= 1"),
+    ({"rollout_len": 0}, "--rollout-len must be >= 1"),
+    ({"gamma": 1.5}, "--gamma must be in [0.0, 1.0]"),
+    ({"lr": 0.0}, "--lr must be > 0.0"),
+    ({"window": 64, "rollout_len": 16}, "--window 64 is longer than --rollout-len 16"),
+    ({"rollout_len": 40}, "leave 8 of every 40 steps per env in no window"),
+    ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),
+    ({"keep": "0,x"}, "--keep must be comma-separated integers"),
+    ({"target_return": "high"}, "--target-return must be a number or 'auto'"),
+    ({"env": "NoSuchEnv-v0"}, "--env NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
+    ({"batching": "streams", "seq_len": 0}, "--seq-len must be >= 1"),
+    ({"batching": "streams", "num_streams": 0}, "--num-streams must be >= 1"),
+    pytest.param({"device": "cuda"}, "this machine has no CUDA device", marks=pytest.mark.skipif(
+        not NO_CUDA, reason="CUDA is there")),
+])
+def test_every_option_is_checked_with_a_message_naming_it(options_, message):
+    with pytest.raises(ValueError) as err:
+        Config(**options_).check()
+    assert message in str(err.value)
+
+
+def test_the_defaults_and_the_documented_variants_pass():
+    for cfg in (Config(), Config(batching="streams"), Config(rollout_len=40, stride=8), Config(env="Pendulum-v1")):
+        cfg.check()
+
+
+def test_the_old_chunk_len_flag_still_works_with_a_warning():
+    with pytest.warns(FutureWarning, match="--chunk-len is deprecated; use --seq-len"):
+        cfg = options.cli(Config, "", ["--batching", "streams", "--chunk-len", "16"], RENAMED)
+    assert cfg.seq_len == 16
+    with pytest.warns(FutureWarning):
+        assert options.cli(Config, "", ["--batching", "streams", "--chunk-len=8"], RENAMED).seq_len == 8
+
+
+def test_a_refused_command_line_exits_with_status_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        options.cli(Config, "", ["--epochs", "0"])
+    assert exit_.value.code == 2 and "error: --epochs must be >= 1" in capsys.readouterr().err
+
+
+def test_list_and_name_options():
+    assert options.int_list("seeds", "0,1,2", low=0) == [0, 1, 2]
+    with pytest.raises(ValueError, match="--seeds lists a value twice"):
+        options.int_list("seeds", "1,1")
+    with pytest.raises(ValueError, match="--seeds must be >= 0"):
+        options.int_list("seeds", "0,-1", low=0)
+    with pytest.raises(ValueError, match=r"--modes: unknown \['lstm'\]"):
+        options.names("modes", "mask,lstm", ("mask", "streams"))
+
+
+def test_a_run_counts_as_finished_once_its_metrics_hold_a_row(tmp_path):
+    run = tmp_path / "run"
+    assert not finished(run)
+    run.mkdir()
+    (run / "metrics.csv").write_text("")  # what a failed start used to leave
+    assert not finished(run) and check_run_folder(tmp_path, "run", overwrite=False) == run
+    (run / "metrics.csv").write_text("frames,return_mean\n")
+    assert not finished(run)
+    (run / "metrics.csv").write_text("frames,return_mean\n128,9.5\n")
+    assert finished(run)
+    with pytest.raises(ValueError, match="--overwrite"):
+        check_run_folder(tmp_path, "run", overwrite=False)
+    assert check_run_folder(tmp_path, "run", overwrite=True) == run
+
+
+def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "metrics.csv").write_text("frames,return_mean\n128,9.5\n")
+    (old / "learning_curve.png").write_bytes(b"old")
+    report = Report(old, planned_frames=256, target=10.0, return_window=2, progress=False)
+    assert (old / "metrics.csv").read_text() == "frames,return_mean\n128,9.5\n"  # untouched so far
+    report.add(128, [], {"loss": torch.tensor(0.5)})
+    row = report.add(128, [9.0, 12.0], {"loss": 0.25})
+    report.close("run")
+    lines = (old / "metrics.csv").read_text().splitlines()
+    assert lines[0] == "frames,wall_s,episodes,return_mean,loss" and len(lines) == 3
+    assert math.isnan(report.rows[0]["return_mean"]) and row["return_mean"] == 10.5 and row["episodes"] == 2
+    assert report.frames_to_target == 256  # two episodes (the window) with a mean of 10.5 >= 10
+    assert (old / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "frames_to_10: 256 best_return: 10.5 final_return: 10.5" in capsys.readouterr().out
+    empty = Report(tmp_path / "never", planned_frames=1, progress=False)
+    empty.close()
+    assert not (tmp_path / "never").exists()
