@@ -21,13 +21,14 @@ File format (``.npz``, no pickles, written by :meth:`Demo.save`):
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import zipfile
 import zlib
 from typing import Any, Sequence
 
 import numpy as np
+
+from .._checks import check_int
 
 __all__ = ["Demo", "record_demo"]
 
@@ -64,7 +65,7 @@ class Demo:
 
     Raises:
         TypeError: ``actions`` is not integer, ``rewards`` not numeric, or a
-            snapshot key is not an integer (Python or NumPy, not bool).
+            snapshot key is not an int (Python or NumPy, not bool).
         ValueError: arrays are not 1-D, lengths disagree, the demo is empty, an
             action is negative or above ``2**63 - 1`` (it would not fit int64),
             a reward is not finite, or a snapshot index is outside ``[0, N]``.
@@ -113,20 +114,10 @@ class Demo:
         self.actions = actions.astype(np.int64)
         self.rewards = rewards.astype(np.float64)
         self.returns = np.concatenate([[0.0], np.cumsum(self.rewards)])
-        snapshots = dict(snapshots or {})
-        not_int = [k for k in snapshots if isinstance(k, bool) or not isinstance(k, numbers.Integral)]
-        if not_int:
-            raise TypeError(
-                f"snapshots has non-integer step indices {not_int[:5]}; key each snapshot by the "
-                "int number of actions taken before it."
-            )
-        self.snapshots = {int(k): blob for k, blob in snapshots.items()}
-        bad = [k for k in self.snapshots if not 0 <= k <= len(self)]
-        if bad:
-            raise ValueError(
-                f"snapshots has step indices {bad[:5]} outside [0, {len(self)}]; "
-                "key each snapshot by the number of actions taken before it."
-            )
+        # each key: the number of actions taken before the snapshot
+        self.snapshots = {
+            check_int("a snapshots key", k, low=0, high=len(self)): blob for k, blob in (snapshots or {}).items()
+        }
         if lives is not None:
             lives = np.asarray(lives)
             if lives.shape != (len(self) + 1,) or lives.dtype.kind not in "iu":
@@ -309,6 +300,7 @@ def record_demo(
         Demo: with ``len(actions)`` steps.
 
     Raises:
+        TypeError: ``snapshot_every`` is not an int.
         ValueError: ``snapshot_every`` is not positive, the env cannot clone its
             state while snapshots were asked for, or the episode ends before
             the last action (the message gives the step).
@@ -320,12 +312,8 @@ def record_demo(
         >>> demo.total, demo.meta["reset_seed"], demo.meta["env_spec"]
         (1.0, 0, {'id': 'FrozenLake-v1', 'kwargs': {'map_name': '4x4', 'is_slippery': False}})
     """
-    if snapshot_every is not None and (
-        isinstance(snapshot_every, bool)
-        or not isinstance(snapshot_every, numbers.Integral)
-        or snapshot_every < 1
-    ):
-        raise ValueError(f"snapshot_every must be a positive int or None, got {snapshot_every}.")
+    if snapshot_every is not None:
+        check_int("snapshot_every", snapshot_every, low=1)
     clone = getattr(env.unwrapped, "clone_state", None)
     if snapshot_every is not None and clone is None:
         raise ValueError(

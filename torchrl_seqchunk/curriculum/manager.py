@@ -5,9 +5,9 @@ implementation: openai/atari-reset (``ResetManager`` in ``atari_reset/wrappers.p
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from .._checks import check_int, check_real
 
 __all__ = ["ResetManager"]
 
@@ -25,23 +25,22 @@ class ResetManager:
       of the recorded batch's episodes from that point that succeeded; it
       overwrites the stored rate of that point (stored rates of other points
       are multiplied by ``decay`` first). The new maximum is the first index
-      where the cumulative sum of stored rates from index 0 reaches
-      ``move_threshold * window``, but never above the current maximum (the
+      ``i`` where the cumulative sum of stored rates from index 0 reaches
+      ``move_threshold * min(window, i + 1)`` (the mass the points ``0..i``
+      can hold, so the maximum can reach 0), but never above the current maximum (the
       rule only moves backward). If the mass is never reached, the maximum is
       nudged forward by ``nudge``, capped at ``demo_length - 1``.
 
-    Choices the reference leaves implicit: rates never expire there (our
-    ``decay=1.0``); it updates every 1024 vectorized steps, we update every
-    ``update_every`` finished episodes (:attr:`due`); its window is the spread
-    of the worker's starting points.
+    .. note::
+        The schedule moves backward by itself only with at least two distinct
+        starting points in play (``num_envs >= 2`` and ``window >= 2``): a mass
+        first reached at the maximum itself leaves it there, so a single env keeps
+        its starting point unless the maximum is set by hand.
 
-    Only successes from points strictly below the maximum can move it back (a
-    mass first reached at the maximum itself leaves it there), so the schedule
-    moves backward by itself only when at least two distinct starting points are
-    in play (``num_envs >= 2`` and ``window >= 2``); a single env keeps its
-    starting point unless the maximum is set by hand.
-
-    Integer arguments may be Python or NumPy integers (not bools).
+    .. note::
+        Choices the reference leaves implicit: its rates never expire (our
+        ``decay=1.0``); it updates every 1024 vectorized steps, we every
+        ``update_every`` finished episodes (:attr:`due`).
 
     Args:
         demo_length (int): number of demo steps ``N``; starting points are
@@ -62,6 +61,8 @@ class ResetManager:
         maximum (int, optional): initial maximum. Defaults to ``N - 1``.
 
     Raises:
+        TypeError: a count or ``maximum`` is not an int (Python or NumPy, not
+            bool), or ``move_threshold``/``decay`` not a real number.
         ValueError: a count is not positive, ``decay`` is outside ``(0, 1]``,
             ``move_threshold`` is not positive, ``move_threshold * window``
             exceeds ``min(num_envs, window)`` (the most success mass the
@@ -99,20 +100,17 @@ class ResetManager:
             "update_every": update_every,
             "nudge": nudge,
         }
-        for name, value in counts.items():
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        demo_length, num_envs, window, update_every, nudge = map(int, counts.values())
-        if not move_threshold > 0:
-            raise ValueError(f"move_threshold must be > 0, got {move_threshold}.")
+        demo_length, num_envs, window, update_every, nudge = (
+            check_int(name, value, low=1) for name, value in counts.items()
+        )
+        move_threshold = check_real("move_threshold", move_threshold, low=0.0, open_low=True)
+        decay = check_real("decay", decay, low=0.0, high=1.0, open_low=True)
         if move_threshold * window > min(num_envs, window):
             raise ValueError(
                 f"move_threshold * window = {move_threshold * window:g} exceeds the success mass the "
                 f"{min(num_envs, window)} distinct starting points of one window can reach; lower "
                 "move_threshold or window, or add envs."
             )
-        if not 0 < decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {decay}; use 1.0 to keep rates.")
         self.demo_length, self.num_envs = demo_length, num_envs
         self.move_threshold, self.nudge, self.window = move_threshold, nudge, window
         self.update_every, self.decay = update_every, decay
@@ -127,18 +125,14 @@ class ResetManager:
         """The current maximum starting point, an int in ``[0, demo_length - 1]``.
 
         Raises:
-            ValueError: on assignment of anything else, at once (not later, in a worker).
+            TypeError: on assignment of a non-int, at once (not later, in a worker).
+            ValueError: on assignment of an int outside that range, at once.
         """
         return self._maximum
 
     @maximum.setter
     def maximum(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < self.demo_length:
-            raise ValueError(
-                f"maximum must be an int in [0, {self.demo_length - 1}] (a starting point of the "
-                f"{self.demo_length}-step demo), got {value!r}."
-            )
-        self._maximum = int(value)
+        self._maximum = check_int("maximum", value, low=0, high=self.demo_length - 1)
 
     def assign(self) -> torch.Tensor:
         """Starting points for all envs: int64 ``[num_envs]``."""
@@ -204,8 +198,9 @@ class ResetManager:
             self.rates[seen] = wins[seen] / counts[seen]
             self.last_success_rate = successes.mean().item()
             self._points, self._successes = [], []
-        mass = self.move_threshold * self.window
-        reached = (self.rates.cumsum(0) >= mass - 1e-9).nonzero()
+        # the points 0..i hold at most i + 1 rates: near the demo's start the mass shrinks with them
+        points = torch.arange(1, self.demo_length + 1, dtype=torch.float64).clamp(max=self.window)
+        reached = (self.rates.cumsum(0) >= self.move_threshold * points - 1e-9).nonzero()
         if len(reached):
             self.maximum = min(self.maximum, int(reached[0]))
         else:

@@ -6,6 +6,7 @@ gymnasium env; :class:`~torchrl_seqchunk.ReverseCurriculum` also takes a user ca
 from __future__ import annotations
 
 import bisect
+import math
 import warnings
 
 import gymnasium as gym
@@ -86,7 +87,7 @@ class _ReplayRestore(_Restore):
         obs, _ = env.reset(seed=self.seed)
         for step in range(k):
             obs, reward, terminated, truncated, _ = env.step(int(self.demo.actions[step]))
-            if not np.isclose(reward, self.demo.rewards[step]):
+            if not math.isclose(reward, self.demo.rewards[step], rel_tol=1e-5, abs_tol=1e-8):
                 raise _diverged(self.demo, step, reward)
             if terminated or truncated:
                 raise ValueError(
@@ -160,7 +161,7 @@ class _ALERestore(_Restore):
             if step == k - 1:
                 self.last = (step, ale.cloneState())
             reward = ale.act(action_set[self.demo.actions[step]])
-            if not np.isclose(reward, self.demo.rewards[step]):
+            if not math.isclose(reward, self.demo.rewards[step], rel_tol=1e-5, abs_tol=1e-8):
                 raise _diverged(self.demo, step, reward)
             if (step + 1) % self.snapshot_every == 0:
                 self._store(step + 1, ale.cloneState())

@@ -1,49 +1,11 @@
-"""Reverse curriculum from a single demonstration (Salimans & Chen 2018).
+""":class:`ReverseCurriculum`: the TorchRL env transform that starts episodes along a demo.
 
-Episodes start from states along one demonstration, first near its end; the
-*starting point* moves backward as the agent learns to finish as well as the
-demo from there. Reference implementation: openai/atari-reset
-(``ReplayResetEnv`` and ``ResetManager`` in ``atari_reset/wrappers.py``).
-
-Two pieces:
-
-- :class:`ResetManager` is pure logic (no env objects): it hands out starting
-  points, collects (starting point, success) pairs of finished episodes and
-  moves the maximum starting point.
-- :class:`ReverseCurriculum` is a TorchRL env transform with two roles, chosen
-  by its arguments. The *assigning* role (``manager`` given) picks starting
-  points on every reset, writes them into the reset TensorDict, marks success
-  when an episode ends and feeds the manager. The *restoring* role
-  (``restore`` given) reads the starting point from the reset TensorDict,
-  brings its (unbatched, gymnasium-backed) env to that demo state, replaces the
-  reset observation and keeps the episode score.
-
-Where things live with N envs. The manager must see every finished episode
-of all envs, so it lives in one place: the process that steps the batched env
-(the collector's process). The restore must happen where the emulator is, in
-each worker. Hence a batched env gets *one* assigning transform on top and a
-restoring transform inside every worker::
-
-    def make_worker():                   # picklable factory, runs in the worker
-        return TransformedEnv(GymEnv(...), ReverseCurriculum(demo, restore="ale"))
-
-    env = TransformedEnv(ParallelEnv(N, make_worker), ReverseCurriculum(demo, manager))
-
-The starting point travels parent -> worker inside the reset TensorDict. A
-batched env only forwards reset entries that its workers declare, so the
-restoring role declares ``starting_point_key`` in its state spec (and in its
-observation spec, so every step reports it back); the values come back through
-the observation spec (``starting_point_key``, ``score_key``,
-``demo_index_key``). The assigning role on top only reads them. Worker caches
-(ALE snapshots) stay in the worker; nothing but integers and the observation
-crosses processes. A single env holds both roles in one transform
-(``ReverseCurriculum(demo, manager, restore=...)``), and ``SerialEnv`` is
-composed exactly like ``ParallelEnv``.
-
+Salimans & Chen (2018); reference implementation: openai/atari-reset
+(``ReplayResetEnv`` in ``atari_reset/wrappers.py``). How its two roles split across
+``SerialEnv``/``ParallelEnv`` workers: ``docs/howto/curriculum.md``.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import numpy as np
@@ -53,6 +15,7 @@ from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import GymLikeEnv
 from torchrl.envs.transforms import Transform
 
+from .._checks import check_int, check_real
 from .demo import Demo
 from .manager import ResetManager
 from .restore import _ALERestore, _ReplayRestore
@@ -64,37 +27,40 @@ __all__ = ["ReverseCurriculum"]
 class ReverseCurriculum(Transform):
     """Starts episodes at demo states chosen by a :class:`ResetManager` (TorchRL env transform).
 
-    See the module docstring for the two roles and how to compose them with
-    ``SerialEnv``/``ParallelEnv``. The restoring role must come first in its
-    env's transforms (right after the gymnasium-backed base env), so the
-    restored observation goes through the remaining transforms and the score
-    sums raw game rewards.
+    Two roles, chosen by the arguments: the *assigning* role (``manager``) picks
+    the starting points on reset, judges success when an episode ends and feeds
+    the manager; the *restoring* role (``restore``) brings its unbatched
+    gymnasium-backed env to the demo state at its starting point. A single env
+    holds both; a batched env holds the assigning role on top and a restoring one
+    in every worker (see ``docs/howto/curriculum.md``).
 
-    On reset, each resetting env gets ``starting_point`` ``k`` (int64
-    ``[*B, 1]``), is restored to the state after the demo's first ``k`` actions
-    (the reset observation is replaced by the observation there), its
-    ``score`` (float64 ``[*B, 1]``, game points) starts at
-    ``demo.returns[k]`` and its ``demo_index`` (int64 ``[*B, 1]``) at ``k``.
-    Each step adds the reward to ``score`` and ``frames_per_step`` to
-    ``demo_index``; the episode is truncated when it succeeds
-    (``end_on_success``) or when it lags the demo, i.e.
-    ``score < demo.returns[demo_index - max_lag]`` (``max_lag``, as in the
-    reference). When an episode ends, ``("next", success_key)`` (bool
-    ``[*B, 1]``) says whether it succeeded, and the manager records it; the
-    manager updates whenever it is :attr:`ResetManager.due`.
+    On reset an env gets ``starting_point`` ``k`` (int64 ``[*B, 1]``), is
+    restored to the state after the demo's first ``k`` actions (the reset
+    observation is the one there), and its ``score`` (float64 ``[*B, 1]``, game
+    points) starts at ``demo.returns[k]`` and ``demo_index`` (int64 ``[*B, 1]``)
+    at ``k``. Each step adds the reward to ``score`` and ``frames_per_step`` to
+    ``demo_index``. When an episode ends, ``("next", success_key)`` (bool
+    ``[*B, 1]``) says whether it succeeded, the manager records it and updates
+    whenever it is :attr:`ResetManager.due`.
 
-    Success: ``score >= demo.total`` and ``demo_index >= F``, where ``F`` is
-    the demo step where the demo's score becomes final (one after its last
-    nonzero reward; 0 if it has none). The score rule is the reference's
-    (openai/atari-reset ``ReplayResetEnv.step``: ``as_good_as_demo`` is
-    ``score >= returns[-1]``); the index rule is ours, for demos with negative
-    rewards, whose score can still fall: there an episode that ends before the
-    demo's final state (earlier than ``F``) is not a success. With non-negative
-    rewards it only differs from the reference for an episode that reaches the
-    total faster than the demo and then ends before ``F``. Success compares
-    scores only: in an env whose rewards are only a cost per step, an episode
-    that lasts to ``F`` without extra cost succeeds, goal or not. A restoring-only
-    transform reset without a starting point (``env.reset()``) restores to 0.
+    Success (``success="score"``, the reference's ``score >= returns[-1]``):
+    ``score >= demo.total - margin`` and ``demo_index >= F``, ``F`` the step
+    after the demo's last nonzero reward (0 if none). With ``end_on_success``
+    such an episode is truncated there; with ``max_lag`` one is truncated when
+    ``score < demo.returns[demo_index - max_lag]``.
+
+    .. note::
+        The restoring role must come first in its env's transforms (right after
+        the gymnasium-backed env), so the score sums raw rewards and the restored
+        observation goes through the other transforms. A restoring-only transform
+        reset without a starting point (``env.reset()``) restores to 0.
+
+    .. note::
+        ``success="score"`` compares scores only: where every reward is a cost
+        per step (MountainCar), an episode that lasts to ``F`` succeeds, goal or
+        not, and one that reaches the goal sooner than the demo fails the index
+        rule. Use ``success="goal"`` there: it needs the env's own termination
+        and no index; it fits tasks whose only termination is the goal.
 
     Args:
         demo (Demo): the demonstration.
@@ -123,10 +89,23 @@ class ReverseCurriculum(Transform):
         max_lag (int, optional): see above. Defaults to ``None`` (no lag rule).
         end_on_success (bool): truncate once the episode succeeds (see above).
             Defaults to ``True``.
+        success (str): ``"score"`` (the rule above) or ``"goal"``: the env
+            terminates (a time limit or the lag rule does not count) with
+            ``score >= demo.total``, for tasks whose reward is a cost per step
+            or shrinks with time (MountainCar, MiniGrid), where reaching the
+            goal sooner than the demo scores higher. Defaults to ``"score"``.
+        margin (float): score (game points) an episode may trail the demo's
+            total and still succeed, under either rule: ``score >= demo.total -
+            margin``. Defaults to ``0.0`` (at least as good as the demo).
+        env_reset_at_zero (bool): starting point 0 is the env's own reset (its
+            initial-state distribution, seeded from the env's generator at the
+            first reset) instead of the demo's seeded start, so once the
+            maximum reaches 0 the agent trains on the task itself. Defaults to
+            ``False``.
         starting_point_key, score_key, demo_index_key, success_key, reward_key,
-        done_key, truncated_key (NestedKey): entry names. Defaults to
+        done_key, truncated_key, terminated_key (NestedKey): entry names. Defaults to
             ``"starting_point"``, ``"score"``, ``"demo_index"``, ``"success"``,
-            ``"reward"``, ``"done"``, ``"truncated"``.
+            ``"reward"``, ``"done"``, ``"truncated"``, ``"terminated"``.
 
     Raises:
         ValueError: neither role is requested, ``restore`` is an unknown string,
@@ -167,6 +146,9 @@ class ReverseCurriculum(Transform):
         frames_per_step: int = 1,
         max_lag: int | None = None,
         end_on_success: bool = True,
+        success: str = "score",
+        margin: float = 0.0,
+        env_reset_at_zero: bool = False,
         starting_point_key: NestedKey = "starting_point",
         score_key: NestedKey = "score",
         demo_index_key: NestedKey = "demo_index",
@@ -174,6 +156,7 @@ class ReverseCurriculum(Transform):
         reward_key: NestedKey = "reward",
         done_key: NestedKey = "done",
         truncated_key: NestedKey = "truncated",
+        terminated_key: NestedKey = "terminated",
     ) -> None:
         super().__init__()
         if not isinstance(demo, Demo):
@@ -187,12 +170,9 @@ class ReverseCurriculum(Transform):
                 f"manager.demo_length={manager.demo_length} but the demo has {len(demo)} steps; "
                 "build the manager with ResetManager(len(demo), num_envs)."
             )
-        for name, value in [("snapshot_every", snapshot_every), ("frames_per_step", frames_per_step)]:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        snapshot_every, frames_per_step = int(snapshot_every), int(frames_per_step)
-        if max_lag is not None and max_lag < 0:
-            raise ValueError(f"max_lag must be >= 0 or None, got {max_lag}.")
+        snapshot_every = check_int("snapshot_every", snapshot_every, low=1)
+        frames_per_step = check_int("frames_per_step", frames_per_step, low=1)
+        max_lag = None if max_lag is None else check_int("max_lag", max_lag, low=0)
         seed = demo.seed if seed is None else seed
         if restore == "replay":
             restore = _ReplayRestore(demo, seed)
@@ -207,6 +187,12 @@ class ReverseCurriculum(Transform):
         self.starting_point_key, self.score_key = starting_point_key, score_key
         self.demo_index_key, self.success_key = demo_index_key, success_key
         self.reward_key, self.done_key, self.truncated_key = reward_key, done_key, truncated_key
+        self.terminated_key = terminated_key
+        if success not in ("score", "goal"):
+            raise ValueError(f"success must be 'score' or 'goal', got {success!r}.")
+        self.success, self.env_reset_at_zero = success, bool(env_reset_at_zero)
+        self.margin = check_real("margin", margin, low=0.0)
+        self._zero_rng: np.random.Generator | None = None
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
         scored = np.flatnonzero(demo.rewards)
         self._final_index = int(scored[-1]) + 1 if len(scored) else 0
@@ -281,7 +267,7 @@ class ReverseCurriculum(Transform):
                     f"{self.starting_point_key!r}={k} is outside the demo [0, {len(self.demo) - 1}]; "
                     "the assigning transform's ResetManager must be built for this demo's length."
                 )
-            obs = TensorDict(base.read_obs(self.restore(base._env, k)), batch_size=[])
+            obs = TensorDict(base.read_obs(self._restore_to(base._env, k)), batch_size=[])
             tensordict_reset.update(obs.to(tensordict_reset.device))
             device = tensordict_reset.device
             tensordict_reset.set(self.starting_point_key, torch.tensor([k], device=device))
@@ -293,6 +279,15 @@ class ReverseCurriculum(Transform):
                 self.success_key, torch.zeros(shape, dtype=torch.bool, device=tensordict_reset.device)
             )
         return tensordict_reset
+
+    def _restore_to(self, gym_env, k: int):
+        if not self.env_reset_at_zero:
+            return self.restore(gym_env, k)
+        if self._zero_rng is None:  # drawn before any replay reseeds the env's generator
+            self._zero_rng = np.random.default_rng(int(gym_env.unwrapped.np_random.integers(2**63)))
+        if k > 0:
+            return self.restore(gym_env, k)
+        return gym_env.reset(seed=int(self._zero_rng.integers(2**63)))[0]
 
     # step --------------------------------------------------------------------------------
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -307,7 +302,7 @@ class ReverseCurriculum(Transform):
         score = tensordict.get(self.score_key) + next_tensordict.get(self.reward_key).double()
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)
-        if self.end_on_success:
+        if self.end_on_success and self.success == "score":  # "goal": termination ends it
             end |= self._succeeded(score, index)
         if self.max_lag is not None:
             behind = (index - self.max_lag).clamp(0, len(self.demo))
@@ -320,13 +315,19 @@ class ReverseCurriculum(Transform):
         next_tensordict.set(self.done_key, next_tensordict.get(self.done_key) | end)
 
     def _succeeded(self, score: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return (score >= self.demo.total) & (index >= self._final_index)
+        return self._as_good(score) & (index >= self._final_index)
+
+    def _as_good(self, score: torch.Tensor) -> torch.Tensor:
+        # rewards reach the score as float32 (TorchRL's reward spec): allow their rounding
+        return score >= self.demo.total - self.margin - 1e-5 * max(1.0, abs(self.demo.total))
 
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
-        success = done & self._succeeded(
-            next_tensordict.get(self.score_key), next_tensordict.get(self.demo_index_key)
-        )
+        score = next_tensordict.get(self.score_key)
+        if self.success == "goal":
+            success = next_tensordict.get(self.terminated_key) & self._as_good(score)
+        else:
+            success = done & self._succeeded(score, next_tensordict.get(self.demo_index_key))
         next_tensordict.set(self.success_key, success)
         if done.any():
             ended = done.reshape(-1)

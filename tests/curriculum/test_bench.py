@@ -1,0 +1,50 @@
+"""benchmarks/bench_curriculum.py runs end to end at a tiny budget; its options are checked first."""
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+pytest.importorskip("minigrid")
+
+import bench_curriculum  # noqa: E402
+
+
+def test_first_counts_a_miss_as_the_budget():
+    rows = [{"frames": 512, "eval_return": -200.0}, {"frames": 1024, "eval_return": -105.0},
+            {"frames": 1536, "eval_return": -100.0}]
+    assert bench_curriculum.first(rows, lambda r: r["eval_return"] >= -110, 2048) == (1024, True)
+    assert bench_curriculum.first(rows, lambda r: r["eval_return"] >= -90, 2048) == (2048, False)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--frames", "0"], "--frames"), (["--eval-every", "0"], "--eval-every"), (["--seeds", "1,x"], "--seeds"),
+    (["--seeds", "1,1"], "--seeds"), (["--envs", "CartPole-v1"], "--envs"), (["--eval-episodes", "-2"], "--eval-episodes"),
+])
+def test_bad_options_are_refused_before_any_output(tmp_path, capsys, argv, option):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_curriculum.parse_args([*argv, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and option in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_runs_at_a_tiny_budget(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_curriculum.py"), "--frames", "512", "--seeds", "0",
+         "--eval-every", "1", "--eval-episodes", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ratios = dict(re.findall(r"^RATIO (\S+) (\S+)$", result.stdout, re.M))
+    assert set(ratios) >= {"frames_to_target_curriculum_vs_scratch_MountainCar-v0"}
+    with open(tmp_path / "curriculum.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    arms = {r["arm"] for r in rows}
+    assert arms >= {"curriculum", "scratch"} and all(r["frames"] == "512" for r in rows)
+    assert all(-200 <= float(r["eval_return"]) <= -1 for r in rows)  # MountainCar: -1 per step, 200 at most
+    assert (tmp_path / "curriculum.png").stat().st_size > 0 and (tmp_path / "curriculum_table.md").exists()

@@ -1,0 +1,55 @@
+"""examples/reverse_curriculum.py: every option is checked before any output; a short run moves the maximum back."""
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+pytest.importorskip("minigrid")
+
+from bench_curriculum import load_example  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be > 0.0"),
+    (["--clip-epsilon", "-0.2"], "--clip-epsilon must be in (0.0, 1.0]"),
+    (["--gamma", "0"], "--gamma must be in (0.0, 1.0]"),
+    (["--total-frames", "0"], "--total-frames must be >= 1"),
+    (["--num-envs", "0"], "--num-envs must be >= 1"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
+    (["--move-threshold", "1.5"], "--move-threshold must be in (0.0, 1.0]"),
+    (["--margin", "-3"], "--margin must be >= 0"),
+    (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0 cannot be made"),
+    (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
+    (["--env", "CartPole-v1", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
+    (["--demo", "/no/such/demo.npz"], "--demo: cannot read demo file"),
+])
+def test_bad_options_are_refused_by_name_before_any_output(tmp_path, capsys, argv, message):
+    job = load_example()
+    with pytest.raises(SystemExit) as exit_info:
+        job.parse_args([*argv, "--runs-dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_defaults_resolve_per_task():
+    job = load_example()
+    cfg = job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0"])
+    assert cfg.demo.endswith("minigrid_doorkey_demo.npz") and cfg.margin == pytest.approx(0.9 * 20 / 250)
+    assert cfg.name == "MiniGrid-DoorKey-5x5-v0_curriculum_seed0"
+    assert job.parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
+
+
+@pytest.mark.slow
+def test_mountain_car_run_moves_the_maximum_back(tmp_path):
+    job = load_example()
+    rows = job.main(job.parse_args(["--total-frames", "2048", "--eval-every", "2", "--eval-episodes", "2",
+                                    "--runs-dir", str(tmp_path), "--no-progress"]))
+    written = list(csv.DictReader(open(tmp_path / "MountainCar-v0_curriculum_seed0" / "metrics.csv")))
+    assert len(rows) == len(written) == 4
+    # from the demo's last steps the car reaches the flag at once: the maximum leaves 121
+    assert int(written[-1]["max_starting_point"]) < 121
+    assert all(-200 <= float(r["eval_return"]) <= -1 for r in written[1::2])
