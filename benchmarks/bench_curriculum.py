@@ -31,38 +31,36 @@ import importlib.util
 import multiprocessing
 import statistics
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from bench_boundary import paired_stats  # benchmarks/bench_boundary.py
 from bench_learning import plot_runs  # benchmarks/bench_learning.py
+from toolkit import EXAMPLES, options  # benchmarks/toolkit.py
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0": ("eval_success", 0.9)}
 FIELDS = ["env", "arm", "seed", "frames", "wall_s", "max_starting_point", "eval_return", "eval_success"]
 
 
 def load_example():
-    """examples/reverse_curriculum.py as a module (the examples folder is not a package)."""
-    if str(ROOT / "examples") not in sys.path:
-        sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("reverse_curriculum", ROOT / "examples" / "reverse_curriculum.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
-    spec.loader.exec_module(module)
-    return module
+    """examples/reverse_curriculum.py as the module ``reverse_curriculum``: its ``parse_args`` and ``main``."""
+    if "reverse_curriculum" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("reverse_curriculum", EXAMPLES / "reverse_curriculum.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
+        spec.loader.exec_module(module)
+    return sys.modules["reverse_curriculum"]
 
 
 def run_ours(env: str, curriculum: bool, seed: int, args) -> list[dict]:
     job = load_example()
-    with tempfile.TemporaryDirectory() as runs:
-        cfg = job.parse_args(["--env", env, "--seed", str(seed), "--total-frames", str(args.frames),
-                              "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
-                              "--runs-dir", runs, "--no-progress", "--curriculum" if curriculum else "--no-curriculum"])
-        rows = job.main(cfg)
+    cfg = job.parse_args(["--env", env, "--seed", str(seed), "--total-frames", str(args.frames),
+                          "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
+                          "--runs-dir", str(Path(args.out) / "runs"), "--overwrite", "--no-progress",
+                          "--curriculum" if curriculum else "--no-curriculum"])
+    rows = job.main(cfg)  # its metrics.csv, row by row, under --out/runs
     return [r for r in rows if r["eval_return"] == r["eval_return"]]  # the evaluated rollouts
 
 
@@ -150,7 +148,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--envs", default="MountainCar-v0", help=f"comma-separated, from {list(TARGETS)}")
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (not tuned on: 0 is the default)")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--frames", type=int, default=100_000, help="training frames per run (>= 512)")
     parser.add_argument("--eval-every", type=int, default=4, help="rollouts of 512 frames between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=8, help="greedy episodes per evaluation")
@@ -158,20 +156,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--out", default="runs/bench_curriculum", help="output folder")
-    args = parser.parse_args(argv)
-    args.envs = args.envs.split(",")
-    if any(env not in TARGETS for env in args.envs):
-        parser.error(f"--envs: each of {list(TARGETS)}, got {','.join(args.envs)!r}")
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        parser.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
-    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
-        parser.error(f"--seeds: distinct integers >= 0, got {args.seeds}")
-    for name in ("frames", "eval_every", "eval_episodes", "jobs"):
-        if getattr(args, name) < (512 if name == "frames" else 1):
-            parser.error(f"--{name.replace('_', '-')} must be >= {512 if name == 'frames' else 1}, "
-                         f"got {getattr(args, name)}")
+
+    def check(args):
+        args.envs = options.names("envs", args.envs, list(TARGETS))
+
+    args = options.parse(parser, argv, ints={"frames": 512, "eval_every": 1, "eval_episodes": 1, "jobs": 1},
+                         int_lists={"seeds": 0}, check=check)
     if args.sb3 and "MountainCar-v0" in args.envs and importlib.util.find_spec("stable_baselines3") is None:
         print("stable-baselines3 is missing (pip install -e '.[bench]'): the sb3 arm is skipped")
         args.sb3 = False

@@ -15,14 +15,16 @@ from bench_curriculum import load_example  # noqa: E402
 @pytest.mark.parametrize("argv, message", [
     (["--max-grad-norm", "-1"], "--max-grad-norm must be > 0.0"),
     (["--clip-epsilon", "-0.2"], "--clip-epsilon must be in (0.0, 1.0]"),
-    (["--gamma", "0"], "--gamma must be in (0.0, 1.0]"),
+    (["--gamma", "1.5"], "--gamma must be in [0.0, 1.0]"),
     (["--total-frames", "0"], "--total-frames must be >= 1"),
     (["--num-envs", "0"], "--num-envs must be >= 1"),
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
     (["--move-threshold", "1.5"], "--move-threshold must be in (0.0, 1.0]"),
-    (["--margin", "-3"], "--margin must be >= 0"),
-    (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0 cannot be made"),
+    (["--margin", "-3"], "--margin must be >= 0.0"),
+    (["--spread", "-1"], "--spread must be >= 0"),
+    (["--keep", "0"], "--keep, --max-episode-steps and --target-return do not apply here"),
+    (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: "),
     (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
     (["--env", "CartPole-v1", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
     (["--demo", "/no/such/demo.npz"], "--demo: cannot read demo file"),
@@ -38,7 +40,7 @@ def test_bad_options_are_refused_by_name_before_any_output(tmp_path, capsys, arg
 def test_defaults_resolve_per_task():
     job = load_example()
     cfg = job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0"])
-    assert cfg.demo.endswith("minigrid_doorkey_demo.npz") and cfg.margin == pytest.approx(0.9 * 20 / 250)
+    assert cfg.demo_path.endswith("minigrid_doorkey_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 250)
     assert cfg.name == "MiniGrid-DoorKey-5x5-v0_curriculum_seed0"
     assert job.parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
 
