@@ -68,8 +68,8 @@ class Config:
     """torch intra-op threads; small models run fastest on one (about 7x here)"""
     num_envs: int = 8
     """envs stepped by the collector, each with its own epsilon"""
-    parallel: bool = False
-    """ParallelEnv workers instead of SerialEnv (cheap envs: serial wins)"""
+    env_batching: Literal["vector", "serial", "parallel"] = "vector"
+    """how the envs are stepped: vector (one in-process gymnasium vector env, fastest for cheap envs), serial (TorchRL SerialEnv), parallel (ParallelEnv workers)"""
     name: str = ""
     """run directory name under --runs-dir; "" derives it from the options"""
     runs_dir: str = "runs"
