@@ -161,25 +161,6 @@ def test_distributed_ppo_help_offers_no_windows_only_flag():
 
 
 @pytest.mark.slow
-def test_reverse_curriculum_workers_print_no_ale_banner():
-    code = (
-        "import functools, sys\n"
-        "sys.path.insert(0, 'examples')\n"
-        "from torchrl.envs import ParallelEnv\n"
-        "from reverse_curriculum import DEMO_PATH, Config, Demo, make_worker\n"
-        "env = ParallelEnv(2, functools.partial(make_worker, Demo.load(DEMO_PATH), Config()))\n"
-        "env.start()\n"
-        "print('workers', env.batch_size)\n"
-        "env.close()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                            timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "workers torch.Size([2])" in result.stdout
-    assert "A.L.E: Arcade Learning Environment" not in result.stdout + result.stderr
-
-
-@pytest.mark.slow
 def test_recurrent_ppo_reaches_the_learning_goal_and_stays(tmp_path):
     """Default task and options, seed 0: mean return >= 450 within the default 100k frames,
     and still >= 450 over the last 20 episodes when the run ends."""
