@@ -88,7 +88,7 @@ def speed(args) -> dict[int, float]:
     with torch.no_grad():
         data = env.rollout(args.speed_frames // first.num_envs, policy, break_when_any_done=False).contiguous()
     env.close()
-    ids = data["is_first"].squeeze(-1).long().cumsum(1) + 10_000 * torch.arange(data.shape[0]).unsqueeze(1)
+    ids = data["is_init"].squeeze(-1).long().cumsum(1) + 10_000 * torch.arange(data.shape[0]).unsqueeze(1)
     data["collector", "traj_ids"] = ids  # one id per episode of each env
     variants = {"streams": recurrent_dqn.Config(**base)}
     for k in (0, recurrent_dqn.Config.burn_in):

@@ -148,8 +148,7 @@ def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch:
     # a picklable factory: the toolkit's Config, which Ray workers import, not this script's class
     job = Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
     env_factory = functools.partial(make_acting_env, job, rnns, cfg.seed + 1000 * worker)
-    collector_options = {"auto_register_policy_transforms": False,  # InitTracker(init_key="is_first") is there
-                         "postproc": TagTrajectories(worker, cfg.workers)}
+    collector_options = {"postproc": TagTrajectories(worker, cfg.workers)}
     if cfg.engine == "local":
         return Collector(env_factory(), policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
                          device=cfg.device, **collector_options)

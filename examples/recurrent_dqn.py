@@ -213,7 +213,7 @@ def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
         unit = Sequence(length=cfg.seq_len, episode_boundary="include_reset", burn_in=cfg.burn_in)
         return TensorDictReplayBuffer(storage=storage, sample_unit=unit, batch_size=cfg.batch_rows,
                                       generator=generator)
-    # init_key=None: the stored is_first flags stay; the window's first step starts from the
+    # init_key=None: the stored is_init flags stay; the window's first step starts from the
     # stored state unless it is an episode start (then from zeros)
     sampler = SliceSampler(slice_len=cfg.seq_len, end_key=("next", "done"), strict_length=False,
                            pad_output=True, init_key=None)
@@ -245,7 +245,7 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
             valid = learn = torch.ones(batch.shape, dtype=torch.bool)
     past = (~valid & valid.long().cummax(1).values.bool()).unsqueeze(-1)  # after the last real step
     first_past = past & ~torch.cat([torch.zeros_like(past[:, :1]), past[:, :-1]], 1)
-    batch["is_first"] = (batch["is_first"] & ~past) | first_past
+    batch["is_first"] = (batch["is_init"] & ~past) | first_past  # the env's InitTracker flags
     for key in ("done", "terminated", "truncated"):
         batch["next", key] = batch["next", key] & ~past
     batch[LEARN] = learn
@@ -272,8 +272,7 @@ def main(cfg: Config) -> list[dict]:
     qnet, rnn, policy = make_qnet(cfg, envs.make_env(cfg, warn=True))
     env = envs.make_acting_env(cfg, [rnn], cfg.seed)
     collector = Collector(env, policy.to(cfg.device), frames_per_batch=frames_per_batch,
-                          total_frames=planned_frames, device=cfg.device,
-                          auto_register_policy_transforms=False)  # InitTracker(init_key="is_first") is there
+                          total_frames=planned_frames, device=cfg.device)
     buffer = make_buffer(cfg)
     loss_module, updater = make_loss(cfg, qnet, rnn)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)

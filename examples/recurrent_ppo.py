@@ -43,10 +43,7 @@ def parse_args(argv=None) -> Config:
 
 def make_collector(cfg: Config, env, policy, frames_per_batch: int, total_frames: int) -> Collector:
     """The collector of the run: steps ``env`` with ``policy`` (actor then critic, both storing their memory)."""
-    return Collector(
-        env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device,
-        auto_register_policy_transforms=False,  # InitTracker(init_key="is_first") is there
-    )
+    return Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device)
 
 
 def main(cfg: Config) -> list[dict]:

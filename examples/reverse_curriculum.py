@@ -25,6 +25,7 @@ import functools
 import math
 import re
 from pathlib import Path
+from typing import Literal
 
 import gymnasium as gym
 import torch
@@ -55,6 +56,8 @@ TASKS = {
 class Config(MainConfig):
     env: str = "MountainCar-v0"
     """gymnasium id; demos ship for MountainCar-v0 and MiniGrid-DoorKey-5x5-v0 (the minigrid extra)"""
+    env_batching: Literal["serial", "parallel"] = "serial"
+    """serial (TorchRL SerialEnv) or parallel (ParallelEnv workers): each env restores demo states of its own"""
     demo: str = ""
     """demo file (Demo.save format) recorded in --env; "" takes the shipped one"""
     curriculum: bool = True
@@ -166,7 +169,7 @@ def make_env(cfg: Config, demo: Demo | None, manager: ResetManager | None, num_e
     """``num_envs`` workers in one SerialEnv; the curriculum's assigning role on top, then the main
     job's transforms (is_first, the raw return, and ``transforms``)."""
     factory = functools.partial(make_worker, cfg.env, demo, cfg.success_margin)  # picklable for workers
-    batched = (ParallelEnv if cfg.parallel else SerialEnv)(num_envs, factory)
+    batched = (ParallelEnv if cfg.env_batching == "parallel" else SerialEnv)(num_envs, factory)
     top = [ReverseCurriculum(demo, manager, success="goal", margin=cfg.success_margin)] if manager else []
     env = TransformedEnv(batched, Compose(*top, InitTracker(init_key="is_first"), RewardSum(), *transforms))
     env.set_seed(seed)

@@ -42,8 +42,8 @@ def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
     else:
         factory = functools.partial(make_masked_env, cfg.env, keep, **limit)  # picklable for workers
         batched = {"serial": SerialEnv, "parallel": ParallelEnv}[cfg.env_batching](cfg.num_envs, factory)
-    # is_first: True on the first step of every episode, what ResetRNN resets on.
-    transforms = [InitTracker(init_key="is_first"), RewardSum()]  # RewardSum: the raw return
+    # TorchRL's is_init: True on the first step of every episode, what ResetRNN's step mode resets on.
+    transforms = [InitTracker(), RewardSum()]  # RewardSum: the raw return
     if cfg.obs_norm:  # one set of statistics over all envs (TorchRL calls a batched env experimental)
         warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
         transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))

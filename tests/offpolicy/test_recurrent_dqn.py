@@ -58,12 +58,14 @@ def raw_sample(replay, rows, steps, start, generator):
     next_obs = torch.cat([obs[:, 1:], torch.randn(rows, 1, 2, generator=generator)], 1)
     next_obs[:, start - 1] = torch.randn(rows, 2, generator=generator) if start > 0 else next_obs[:, start - 1]
     batch = TensorDict({
-        "observation": obs, ("next", "observation"): next_obs, "is_first": is_first,
+        "observation": obs, ("next", "observation"): next_obs,
         ("next", "done"): done, ("next", "terminated"): done.clone(), ("next", "truncated"): done & False,
         ("next", "reward"): torch.randn(rows, steps, 1, generator=generator),
         "action": nn.functional.one_hot(torch.randint(2, (rows, steps), generator=generator), 2),
         "q_state": torch.randn(rows, steps, 1, 8, generator=generator),  # e.g. a burnt-in state
     }, batch_size=[rows, steps])
+    # stream chunks carry the sampler's is_first; TorchRL's samplers hand over the env's is_init
+    batch["is_first" if replay == "streams" else "is_init"] = is_first
     if replay == "sequence":
         batch["learning_mask"] = torch.arange(steps).expand(rows, steps) >= start
         batch["validity_mask"] = torch.ones(rows, steps, dtype=torch.bool)
