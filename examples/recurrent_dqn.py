@@ -45,44 +45,24 @@ from torchrl.objectives import HardUpdate, SoftUpdate
 from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
 
 from common import envs, options, report  # examples/common
+from common.config import RunConfig
 from common.ppo import finished_returns
 
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 
 
 @dataclasses.dataclass
-class Config:
-    env: str = "CartPole-v1"
-    """gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatPreviousEasy-v0)"""
-    keep: str = "auto"
-    """observation indices kept: "0,2", "all", or "auto" (envs.DEFAULT_KEEP)"""
-    max_episode_steps: int = 0
-    """truncate episodes after this many steps (gymnasium's TimeLimit); 0 keeps the env's own limit"""
+class Config(RunConfig):
+    """Recurrent double n-step DQN from replay; the run's shared fields come from RunConfig."""
     total_frames: int = 60_000
     """env frames of the run"""
-    seed: int = 0
-    """seed of torch, the envs and the sampler"""
-    device: str = "cpu"
-    """torch device of the models and the collector"""
-    threads: int = 1
-    """torch intra-op threads; small models run fastest on one (about 7x here)"""
     num_envs: int = 8
     """envs stepped by the collector, each with its own epsilon"""
-    env_batching: Literal["vector", "serial", "parallel"] = "vector"
-    """how the envs are stepped: vector (one in-process gymnasium vector env, fastest for cheap envs), serial (TorchRL SerialEnv), parallel (ParallelEnv workers)"""
-    name: str = ""
-    """run directory name under --runs-dir; "" derives it from the options"""
-    runs_dir: str = "runs"
-    """folder of the run directories"""
-    overwrite: bool = False
-    """replace the outputs of a finished run of the same name"""
+    reward_norm: bool = False
+    """divide rewards by the running std of the discounted return (ReturnScaledReward)"""
     # collection
     collect_len: int = 16
     """steps per env per collector batch; frames per batch = num_envs * collect_len"""
-    obs_norm: bool = True
-    """normalize observations by their running mean and std (TorchRL's VecNormV2)"""
-    reward_norm: bool = False
-    """divide rewards by the running std of the discounted return (ReturnScaledReward)"""
     eps_base: float = 0.4
     """per-env epsilon-greedy: env i explores with eps_base ** (1 + eps_alpha * i / (num_envs - 1))"""
     eps_alpha: float = 7.0
@@ -121,16 +101,6 @@ class Config:
     """SoftUpdate rate of the target network, in (0, 1]"""
     hard_update: int = 0
     """gradient steps between HardUpdate copies of the target network; 0: SoftUpdate with --tau"""
-    # reporting
-    return_window: int = 20
-    """episodes averaged in the reported mean return"""
-    target_return: str = "auto"
-    """mean return whose first frame is reported; "auto": 450 on CartPole-v1, none elsewhere"""
-    stop_at_target: bool = False
-    """end the run once the mean return reaches the target"""
-    progress: bool = True
-    """show a progress bar"""
-
     def __post_init__(self) -> None:
         self.check()
         if not self.name:
@@ -139,9 +109,9 @@ class Config:
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""
-        ints = {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
-                "collect_len": 1, "batch_rows": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
-                "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0, "return_window": 1}
+        self.check_run()
+        ints = {"collect_len": 1, "batch_rows": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
+                "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0}
         for name, low in ints.items():
             options.integer(name, getattr(self, name), low)
         options.real("gamma", self.gamma, 0.0, 1.0)
@@ -150,12 +120,6 @@ class Config:
         for name in ("replay_ratio", "lr", "max_grad_norm"):
             options.real(name, getattr(self, name), 0.0, open_low=True)
         options.real("tau", self.tau, 0.0, 1.0, open_low=True)
-        options.device("device", self.device)
-        options.gym_id("env", self.env)
-        if self.keep not in ("auto", "all"):
-            options.int_list("keep", self.keep, low=0)
-        if self.target_return != "auto":
-            options.real("target_return", float(self.target_return))
         if self.buffer_size % self.num_envs:
             raise ValueError(f"--buffer-size ({self.buffer_size}) must be a multiple of --num-envs "
                              f"({self.num_envs}): the sequence and slice storages hold [time, env].")
@@ -164,13 +128,6 @@ class Config:
                              "start from the carried state.")
         if self.replay != "sequence" and self.burn_in != Config.burn_in:
             raise ValueError("--burn-in applies to --replay sequence only.")
-
-    @property
-    def target(self) -> float | None:
-        """The target mean return, or None."""
-        if self.target_return == "auto":
-            return 450.0 if self.env == "CartPole-v1" else None
-        return float(self.target_return)
 
     @property
     def window(self) -> int:

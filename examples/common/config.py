@@ -20,7 +20,9 @@ def uncovered_steps(rollout_len: int, window: int, stride: int) -> int:
 
 
 @dataclasses.dataclass
-class Config:
+class RunConfig:
+    """What every example's run shares: the task, the run's size and seed, where it runs, what it
+    reports and where it writes. Each example's Config adds its own fields (and defaults)."""
     env: str = "CartPole-v1"
     """gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatFirstEasy-v0)"""
     keep: str = "auto"
@@ -28,7 +30,7 @@ class Config:
     max_episode_steps: int = 0
     """truncate episodes after this many steps (gymnasium's TimeLimit); 0 keeps the env's own limit"""
     total_frames: int = 100_000
-    """env frames of the run; also the length of the lr and clip schedules"""
+    """env frames of the run (the main job: also the length of its lr and clip schedules)"""
     seed: int = 0
     """seed of torch, the envs and the sampler"""
     device: str = "cpu"
@@ -45,13 +47,51 @@ class Config:
     """folder of the run directories"""
     overwrite: bool = False
     """replace the outputs of a finished run of the same name"""
-    # collection
-    rollout_len: int = 32
-    """steps per env per iteration; frames per iteration = num_envs * rollout_len"""
     obs_norm: bool = True
     """normalize observations by their running mean and std (TorchRL's VecNormV2)"""
     reward_norm: bool = True
     """divide rewards by the running std of the discounted return (ReturnScaledReward)"""
+    # reporting
+    return_window: int = 20
+    """episodes averaged in the reported mean return"""
+    target_return: str = "auto"
+    """mean return whose first frame is reported; "auto": 450 on CartPole-v1, none elsewhere"""
+    stop_at_target: bool = False
+    """end the run once the mean return reaches the target"""
+    progress: bool = True
+    """show a progress bar"""
+
+    @property
+    def target(self) -> float | None:
+        """The target mean return, or None."""
+        if self.target_return == "auto":
+            return 450.0 if self.env == "CartPole-v1" else None
+        return float(self.target_return)
+
+    def check_run(self) -> None:
+        """The shared options against their meaning; a ValueError (TypeError) names the flag and the fix."""
+        for name, low in {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
+                          "return_window": 1}.items():
+            options.integer(name, getattr(self, name), low)
+        options.device("device", self.device)
+        options.gym_id("env", self.env)
+        if self.keep not in ("auto", "all"):
+            options.int_list("keep", self.keep, low=0)
+        if self.target_return != "auto":
+            try:
+                options.real("target_return", float(self.target_return))
+            except ValueError:
+                raise ValueError(f"--target-return must be a number or 'auto', got {self.target_return!r}") from None
+        if not self.runs_dir or "/" in self.name or self.name in (".", ".."):
+            raise ValueError("--runs-dir must not be empty, and --name must be a folder name (no '/')")
+
+
+@dataclasses.dataclass
+class Config(RunConfig):
+    """The main job's hyperparameters: recurrent PPO on windows or stream chunks."""
+    # collection
+    rollout_len: int = 32
+    """steps per env per iteration; frames per iteration = num_envs * rollout_len"""
     # model
     hidden: int = 64
     """units of the encoder, the recurrent layer and the heads"""
@@ -97,26 +137,9 @@ class Config:
     """streams only: B, streams per chunk"""
     seq_len: int = 32
     """streams only: T, steps per chunk (was --chunk-len)"""
-    # reporting
-    return_window: int = 20
-    """episodes averaged in the reported mean return"""
-    target_return: str = "auto"
-    """mean return whose first frame is reported; "auto": 450 on CartPole-v1, none elsewhere"""
-    stop_at_target: bool = False
-    """end the run once the mean return reaches the target"""
-    progress: bool = True
-    """show a progress bar"""
-
     def __post_init__(self) -> None:
         if not self.name:
             self.name = self.default_name()
-
-    @property
-    def target(self) -> float | None:
-        """The target mean return, or None."""
-        if self.target_return == "auto":
-            return 450.0 if self.env == "CartPole-v1" else None
-        return float(self.target_return)
 
     def default_name(self) -> str:
         mode = self.boundary_mode if self.batching == "windows" else "streams"
@@ -124,9 +147,9 @@ class Config:
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError (TypeError for a wrong type) names the flag and the fix."""
-        ints = {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
-                "rollout_len": 1, "hidden": 1, "epochs": 1, "minibatches": 1, "window": 1, "stride": 1,
-                "num_streams": 1, "seq_len": 1, "return_window": 1}
+        self.check_run()
+        ints = {"rollout_len": 1, "hidden": 1, "epochs": 1, "minibatches": 1, "window": 1, "stride": 1,
+                "num_streams": 1, "seq_len": 1}
         for name, low in ints.items():
             options.integer(name, getattr(self, name), low)
         for name in ("gamma", "lmbda"):
@@ -136,17 +159,6 @@ class Config:
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
         for name in ("entropy_coeff", "critic_coeff"):
             options.real(name, getattr(self, name), 0.0)
-        options.device("device", self.device)
-        options.gym_id("env", self.env)
-        if self.keep not in ("auto", "all"):
-            options.int_list("keep", self.keep, low=0)
-        if self.target_return != "auto":
-            try:
-                options.real("target_return", float(self.target_return))
-            except ValueError:
-                raise ValueError(f"--target-return must be a number or 'auto', got {self.target_return!r}") from None
-        if not self.runs_dir or "/" in self.name or self.name in (".", ".."):
-            raise ValueError("--runs-dir must not be empty, and --name must be a folder name (no '/')")
         if self.batching == "streams":
             if self.boundary_mode != "reset_continue":
                 raise ValueError("--boundary-mode applies to --batching windows only; stream chunks carry the state")

@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
+from .._boundaries import read_entry, stops
 from .._checks import check_int, check_real
 
 __all__ = ["boundary_nstep_targets"]
@@ -104,25 +105,9 @@ def boundary_nstep_targets(
         )
     gamma = check_real("gamma", gamma, low=0.0, high=1.0)
     n_steps = check_int("n_steps", n_steps, low=1)
-    shape = (*tensordict.batch_size, 1)
 
     def entry(arg: str, key: NestedKey, *, flag: bool, required: bool):
-        value = tensordict.get(key, None)
-        if value is None:
-            if required:
-                raise ValueError(
-                    f"{arg}={key!r} is not in the tensordict; add it or pass the key that holds "
-                    f"it as {arg}."
-                )
-            return None
-        if tuple(value.shape) != shape:
-            raise ValueError(
-                f"{arg}={key!r} has shape {tuple(value.shape)}, expected {shape} (the batch "
-                "size plus a trailing singleton, as TorchRL stores it)."
-            )
-        if flag and value.dtype != torch.bool:
-            raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool.")
-        return value
+        return read_entry(tensordict, arg, key, flag=flag, required=required)
 
     next_value = entry("next_value_key", next_value_key, flag=False, required=True).detach()
     reward = entry("reward_key", reward_key, flag=False, required=True).to(next_value.dtype)
@@ -130,13 +115,7 @@ def boundary_nstep_targets(
     terminated = entry("terminated_key", terminated_key, flag=True, required=False)
     truncated = entry("truncated_key", truncated_key, flag=True, required=False)
     is_first = entry("is_first_key", is_first_key, flag=True, required=False)
-    if terminated is None:
-        terminated = done if truncated is None else done & ~truncated
-    stop = done | terminated
-    if truncated is not None:
-        stop = stop | truncated
-    if is_first is not None:  # a step whose successor starts an episode ends one
-        stop[..., :-1, :] |= is_first[..., 1:, :]
+    terminated, stop = stops(done, terminated, truncated, is_first)
     stop[..., -1, :] = True  # the row's end: bootstrap from ("next", "observation")
     bootstrap = next_value.masked_fill(terminated, 0.0)
 

@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
 
+from .._boundaries import read_entry, stops
 from .._checks import check_real
 from ..recurrent.functional import rnn_with_resets
 
@@ -149,29 +150,8 @@ def boundary_gae(
     shape = (*tensordict.batch_size, 1)
 
     def entry(arg: str, key: NestedKey, *, flag: bool, required: bool):
-        value = tensordict.get(key, None)
-        if value is None:
-            if required:
-                raise ValueError(
-                    f"{arg}={key!r} is not in the tensordict; "
-                    + (
-                        "run the critic on the next observations (tensordict['next']) first."
-                        if arg == "next_value_key"
-                        else f"add it or pass the key that holds it as {arg}."
-                    )
-                )
-            return None
-        if tuple(value.shape) != shape:
-            raise ValueError(
-                f"{arg}={key!r} has shape {tuple(value.shape)}, expected {shape} "
-                "(the batch size plus a trailing singleton, as TorchRL stores it)."
-            )
-        if flag and value.dtype != torch.bool:
-            raise TypeError(
-                f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool, "
-                "convert with .bool()."
-            )
-        return value
+        missing = "run the critic on the next observations (tensordict['next']) first." if arg == "next_value_key" else None
+        return read_entry(tensordict, arg, key, flag=flag, required=required, missing=missing)
 
     value = entry("value_key", value_key, flag=False, required=True)
     next_value = entry("next_value_key", next_value_key, flag=False, required=True)
@@ -181,14 +161,7 @@ def boundary_gae(
     truncated = entry("truncated_key", truncated_key, flag=True, required=False)
     is_first = entry("is_first_key", is_first_key, flag=True, required=False)
 
-    if terminated is None:
-        terminated = done if truncated is None else done & ~truncated
-    stop = done | terminated
-    if truncated is not None:
-        stop = stop | truncated
-    if is_first is not None:
-        # a step whose successor starts an episode ends one, flagged or not
-        stop[..., :-1, :] |= is_first[..., 1:, :]
+    terminated, stop = stops(done, terminated, truncated, is_first)
 
     steps = shape[-2]
     with torch.no_grad():
