@@ -95,7 +95,7 @@ def loss_shares(window: int, episode_len: int) -> dict[str, list[float]]:
     env.set_seed(0)
     rollout = env.rollout(cfg.rollout_len, break_when_any_done=False, auto_cast_to_device=True)  # [E, T]
     env.close()
-    is_first = rollout["is_first"].squeeze(-1)
+    is_first = rollout["is_init"].squeeze(-1)  # the env's InitTracker flags
     position = torch.zeros_like(is_first, dtype=torch.long)  # steps since the episode's first step
     for t in range(1, is_first.shape[1]):
         position[:, t] = torch.where(is_first[:, t], 0, position[:, t - 1] + 1)
