@@ -48,7 +48,7 @@ def _sampler_of(source) -> StreamChunkSampler | None:
     or an object with a ``buffer`` (such as :class:`~torchrl_seqchunk.EvenEpochs`)."""
     for candidate in (source, getattr(source, "__self__", None), getattr(source, "buffer", None)):
         if isinstance(candidate, ReplayBuffer):
-            sampler = candidate.sampler
+            sampler = getattr(candidate, "sampler", None)  # none here: a RayReplayBuffer's is remote
             return sampler if isinstance(sampler, StreamChunkSampler) else None
     return None
 
