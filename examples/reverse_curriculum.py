@@ -263,7 +263,7 @@ def main(cfg: Config) -> list[dict]:
         success = (rollout["next", "success"][ended].float().mean().item()
                    if manager is not None and ended.any() else math.nan)
         report.add(rollout.numel(), returns, {
-            "max_starting_point": int(manager.maximum) if manager is not None else 0, "success_rate": success,
+            "max_starting_point": manager.maximum if manager is not None else 0, "success_rate": success,
             "eval_return": evaluation[0], "eval_success": evaluation[1], **{k: losses[k] for k in LOGGED}})
         if cfg.stop_at_target and met(cfg, *evaluation) and (manager is None or manager.maximum == 0):
             break

@@ -53,5 +53,5 @@ def test_mountain_car_run_moves_the_maximum_back(tmp_path):
     written = list(csv.DictReader(open(tmp_path / "MountainCar-v0_curriculum_seed0" / "metrics.csv")))
     assert len(rows) == len(written) == 4
     # from the demo's last steps the car reaches the flag at once: the maximum leaves 121
-    assert int(written[-1]["max_starting_point"]) < 121
+    assert float(written[-1]["max_starting_point"]) < 121  # the report writes its columns as floats
     assert all(-200 <= float(r["eval_return"]) <= -1 for r in written[1::2])
