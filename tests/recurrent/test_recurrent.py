@@ -179,8 +179,8 @@ def grads(loss, tensors):
 
 # --------------------------------------------------------------------------- backends
 CASES = [
-    ("gru2", "loop"), ("gru2", "packed"),
-    ("lstm2", "loop"), ("lstm2", "packed"),
+    ("gru2", "loop"), ("gru2", "packed"), ("gru2", "fused"),
+    ("lstm2", "loop"), ("lstm2", "packed"), ("lstm2", "fused"),
     ("lstm_proj", "loop"), ("lstm_proj", "packed"),
     ("grucell", "loop"), ("lstmcell", "loop"), ("tuplecell", "loop"),
     ("mingru", "loop"), ("mingru", "scan"),
@@ -286,10 +286,11 @@ def test_integer_flags_reset_only_the_flagged_row(dtype):
     assert not torch.allclose(y[2, 1:], y_carry[2, 1:])
 
 
-def test_auto_picks_scan_for_linear_recurrences_and_loop_on_cpu():
+def test_auto_picks_scan_for_linear_recurrences_fused_for_gru_and_loop_on_cpu():
     device = torch.device("cpu")
     assert recurrent._pick_backend(MinGRUCell(F, H), device) == "scan"
-    assert recurrent._pick_backend(nn.GRU(F, H), device) == "loop"
+    assert recurrent._pick_backend(nn.GRU(F, H), device) == "fused"
+    assert recurrent._pick_backend(nn.LSTM(F, H), device) == "loop"
     assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda")) == "packed"
     assert recurrent._pick_backend(make_rnn("pair"), device) == "scan"
     assert recurrent._pick_backend(make_rnn("rssm"), device) == "loop"
@@ -299,7 +300,7 @@ def test_under_no_grad():
     rnn = nn.LSTM(F, H, batch_first=True)
     x, is_first = torch.randn(B, T, F), random_flags()
     y_ref, _ = rnn_with_resets(rnn, x, is_first, backend="loop")
-    for backend in ("loop", "packed"):
+    for backend in ("loop", "packed", "fused"):
         with torch.no_grad():
             y, (h, c) = rnn_with_resets(rnn, x, is_first, backend=backend)
         assert y.grad_fn is None and h.grad_fn is None
@@ -310,7 +311,7 @@ def test_under_no_grad():
     assert out["features"].grad_fn is None and module._carry[0].shape == (B, H)
 
 
-@pytest.mark.parametrize("kind,backend", [("gru2", "loop"), ("mingru", "scan")])
+@pytest.mark.parametrize("kind,backend", [("gru2", "loop"), ("gru2", "fused"), ("mingru", "scan")])
 def test_under_torch_compile(kind, backend):
     rnn = make_rnn(kind)
     x, is_first = torch.randn(B, T, F), random_flags()
@@ -338,6 +339,9 @@ def test_bad_inputs_raise_clear_errors():
         rnn_with_resets(gru, x, torch.zeros(B, T), backend="scan")
     with pytest.raises(TypeError, match="packed"):
         rnn_with_resets(nn.GRUCell(F, H), x, torch.zeros(B, T), backend="packed")
+    for rnn in (nn.GRUCell(F, H), nn.LSTM(F, H, proj_size=2, batch_first=True)):
+        with pytest.raises(TypeError, match="fused"):
+            rnn_with_resets(rnn, x, torch.zeros(B, T), backend="fused")
     with pytest.raises(ValueError, match="bidirectional"):
         rnn_with_resets(nn.GRU(F, H, bidirectional=True), x, torch.zeros(B, T))
     with pytest.raises(TypeError, match="nn.GRU, nn.LSTM"):
@@ -860,3 +864,21 @@ def test_sequence_mode_runs_no_rows_and_names_no_steps():
         td = TensorDict({"embed": torch.randn(*shape, F), "is_first": torch.zeros(*shape, dtype=torch.bool)}, shape)
         with pytest.raises(ValueError, match=r"no time step .*T = 0"):
             module(td)
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_fused_matches_loop_without_bias_and_with_dropout(cell):
+    """Layers without biases and dropout between them: the same values and gradients as the loop
+    backend, whose dropout draws the same masks from the same seed."""
+    rnn = cell(F, H, num_layers=3, bias=False, dropout=0.5, batch_first=True)
+    x, is_first = torch.randn(B, T, F, requires_grad=True), random_flags()
+    results = []
+    for backend in ("loop", "fused"):
+        torch.manual_seed(7)
+        y, h_last = rnn_with_resets(rnn, x, is_first, backend=backend)
+        h_last = h_last if isinstance(h_last, tuple) else (h_last,)
+        results.append((y, h_last, grads(loss_of(y, h_last), [x, *rnn.parameters()])))
+    (y_loop, h_loop, g_loop), (y, h, g) = results
+    torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=0)
+    for a, b in zip([*h, *g], [*h_loop, *g_loop]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

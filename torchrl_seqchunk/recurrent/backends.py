@@ -1,6 +1,6 @@
 """Backends that run a recurrence over ``[B, T]`` with per-row resets.
 
-Each backend (``_loop``, ``_packed``, ``_scan``) is one function
+Each backend (``_loop``, ``_packed``, ``_scan``, and ``_fused`` in ``fused.py``) is one function
 ``backend(rnn, x, reset, h0, reset_value) -> (y, h_last)`` on the flat tuple layout
 of :mod:`torchrl_seqchunk.recurrent.state`; :func:`_unroll` checks the entry shapes
 and dispatches.
@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .fused import _fusable, _fused
 from .state import _Layout
 
-_BACKEND_NAMES = ("auto", "loop", "packed", "scan")
+_BACKEND_NAMES = ("auto", "loop", "packed", "scan", "fused")
 
 
 
@@ -228,6 +229,8 @@ def _pick_backend(rnn: nn.Module, device: torch.device) -> str:
         return "scan"
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
+    if isinstance(rnn, nn.GRU):  # CPU: PyTorch's own GRU backward runs op by op
+        return "fused"
     return "loop"
 
 
@@ -267,4 +270,11 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
         return _loop(rnn, x, reset, h0, reset_state, layout=layout)
     if backend == "packed":
         return _packed(rnn, x, reset, h0, reset_state)
+    if backend == "fused":
+        if not _fusable(rnn):
+            raise TypeError(
+                f"backend='fused' needs an nn.GRU or an nn.LSTM without proj_size, got "
+                f"{type(rnn).__name__}; use backend='loop'."
+            )
+        return _fused(rnn, x, reset, h0, reset_state)
     return _scan(rnn, x, reset, h0, reset_state, layout=layout)

@@ -58,14 +58,17 @@ def rnn_with_resets(
 
     Keyword Args:
         backend (str): ``"loop"`` (native kernels step by step, or one native
-            call per reset-free time segment when resets fall on few steps; the
-            CPU path; any rnn), ``"packed"`` (reset-free row segments in one
-            packed native call; the GPU path, ``nn.GRU``/``nn.LSTM`` only),
-            ``"scan"`` (parallel prefix scan, only for cells with
-            ``linear_coefficients(x) -> (a, b)``, ``a`` and ``b`` ``[B, T]``
-            structured like the state, such as :class:`MinGRUCell`) or ``"auto"``
-            (``scan`` if possible, else ``packed`` on CUDA for
-            ``nn.GRU``/``nn.LSTM``, else ``loop``). Default ``"auto"``.
+            call per reset-free time segment when resets fall on few steps; any
+            rnn), ``"fused"`` (``nn.GRU`` / ``nn.LSTM`` without ``proj_size``: one
+            autograd node per layer whose backward through time is written out;
+            the CPU path for ``nn.GRU``, whose own CPU backward runs op by op),
+            ``"packed"`` (reset-free row segments in one packed native call; the
+            GPU path, ``nn.GRU``/``nn.LSTM`` only), ``"scan"`` (parallel prefix
+            scan, only for cells with ``linear_coefficients(x) -> (a, b)``, ``a``
+            and ``b`` ``[B, T]`` structured like the state, such as
+            :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
+            ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
+            ``nn.GRU``, else ``loop``). Default ``"auto"``.
 
     Returns:
         ``(y, h_last)``: ``y`` is ``[B, T, H_out]`` (a TensorDict ``[B, T]`` of
@@ -74,7 +77,8 @@ def rnn_with_resets(
 
     Raises:
         TypeError: unsupported ``rnn``, a backend that cannot run it (``packed``
-            for a cell, ``scan`` for a cell without ``linear_coefficients``), or
+            or ``fused`` for a cell, ``fused`` for an LSTM with ``proj_size``,
+            ``scan`` for a cell without ``linear_coefficients``), or
             non-tensor inputs.
         ValueError: wrong shapes (also ``T = 0``; ``B = 0`` is fine), TensorDict
             states whose keys differ, unknown ``backend``, a bidirectional ``rnn``.
