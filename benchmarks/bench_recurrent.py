@@ -6,7 +6,7 @@ script prints the median of the per-round ratios as ``RATIO <name> <value>``
 (lower is better for ResetRNN), and the median times in milliseconds.
 
 Candidates: ``ResetRNN`` over ``nn.GRU`` and ``nn.LSTM`` on every backend that runs
-them (``auto``, ``loop``, ``packed``), a ``MinGRUCell`` on ``scan``; anchors:
+them (``auto``, ``loop``, ``packed``, ``fused``), a ``MinGRUCell`` on ``scan``; anchors:
 ``nn.GRU`` / ``nn.LSTM`` without resets (cuDNN on CUDA: the speed of light), TorchRL's
 ``GRUModule`` in recurrent mode with ``is_init`` at the same steps, and a plain
 ``nn.GRUCell`` loop with ``torch.where``.
@@ -100,7 +100,7 @@ def build(args, device):
         [b, t],
     )
     candidates = {"gru_noreset": lambda: gru(x)[0], "lstm_noreset": lambda: lstm(x)[0]}
-    for backend in ("auto", "loop", "packed"):
+    for backend in ("auto", "loop", "packed", "fused"):
         candidates[f"gru_{backend}"] = reset_rnn(gru, backend)
         candidates[f"lstm_{backend}"] = reset_rnn(lstm, backend)
     candidates["mingru_scan"] = reset_rnn(MinGRUCell(args.input, args.hidden).to(device), "scan")
@@ -152,7 +152,7 @@ def main(argv=None):
     ratio("resetrnn_vs_cell_loop", "gru_auto", "cell_loop")
     ratio("resetrnn_lstm_vs_lstm_noreset", "lstm_auto", "lstm_noreset")
     ratio("resetrnn_packed_vs_gru_noreset", "gru_packed", "gru_noreset")
-    for backend in ("loop", "packed"):
+    for backend in ("loop", "packed", "fused"):
         ratio(f"resetrnn_gru_{backend}_vs_gru_noreset", f"gru_{backend}", "gru_noreset")
         ratio(f"resetrnn_lstm_{backend}_vs_lstm_noreset", f"lstm_{backend}", "lstm_noreset")
     ratio("resetrnn_mingru_scan_vs_gru_noreset", "mingru_scan", "gru_noreset")
