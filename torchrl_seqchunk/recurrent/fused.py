@@ -135,15 +135,15 @@ class _GRULayer(torch.autograd.Function):
         n = torch.tanh(gi[..., 2 * size:] + r * gh_n)
         # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n)
         k_n = (1 - z) * (1 - n * n)
-        k_gh = torch.cat([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -1)
+        k_gh = torch.stack([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -2)  # [B, T, 3, H]
 
         def step(t, grads):
             dh = grads[0]
-            return [torch.addmm(dh * z[:, t], dh.repeat(1, 3) * k_gh[:, t], w_hh)]
+            return [torch.addmm(dh * z[:, t], (dh.unsqueeze(1) * k_gh[:, t]).view(dh.shape[0], -1), w_hh)]
 
         (after,), (before,), (dh0,) = _backward_through_time(
             step, [_zero_if_none(dh_last, hp[:, 0])], _zero_if_none(dy, hp), reset, hp.shape[1])
-        d_gh = after.repeat(1, 1, 3) * k_gh
+        d_gh = (after.unsqueeze(-2) * k_gh).flatten(-2)
         d_gi = torch.cat([d_gh[..., : 2 * size], after * k_n], -1)
         need = ctx.needs_input_grad
         dx, dw_ih, dw_hh, db_ih, db_hh = _weight_grads(need[:1] + need[4:], x, hp, (d_gi, d_gh), w_ih)
@@ -152,40 +152,74 @@ class _GRULayer(torch.autograd.Function):
 
 class _LSTMLayer(torch.autograd.Function):
     """One LSTM layer: ``x [B, T, F]``, ``reset`` bool ``[B, T]``, ``h0, c0 [B, H]``, reset
-    values ``[B, T, H]`` or None, weights -> ``(y [B, T, H], h_last, c_last [B, H])``."""
+    values ``[B, T, H]`` or None, weights -> ``(y [B, T, H], h_last, c_last [B, H])``.
+
+    The input's product for every step is one matrix product before the loop; the forward
+    keeps the gate activations (time-major), so the backward recomputes nothing."""
 
     @staticmethod
     def forward(ctx, x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh):
-        y, (hp, cp), (h_last, c_last) = _steps(_lstm_cell, x, reset, (h0, c0), (h_value, c_value),
-                                               (w_ih, w_hh, b_ih, b_hh))
-        ctx.save_for_backward(x, reset, hp, cp, w_ih, w_hh, b_ih, b_hh)
-        ctx.has_value = h_value is not None
-        return y, h_last, c_last
+        size = h0.shape[-1]
+        gi = F.linear(x.transpose(0, 1), w_ih, b_ih)  # [T, B, 4H]
+        if b_hh is not None:
+            gi += b_hh
+        w_hh_t = w_hh.t()
+        resets_at = reset.any(0).tolist()
+        mask = reset.t().unsqueeze(-1)  # [T, B, 1]
+        h, c = h0, c0
+        kept = {name: [] for name in ("hp", "cp", "sig", "g", "tanh_c")}
+        for t in range(gi.shape[0]):
+            if resets_at[t]:
+                h = h.masked_fill(mask[t], 0.0) if h_value is None else torch.where(mask[t], h_value[:, t], h)
+                c = c.masked_fill(mask[t], 0.0) if c_value is None else torch.where(mask[t], c_value[:, t], c)
+            gates = torch.addmm(gi[t], h, w_hh_t)
+            sig, g = torch.sigmoid(gates), torch.tanh(gates[:, 2 * size: 3 * size])
+            kept["hp"].append(h), kept["cp"].append(c), kept["sig"].append(sig), kept["g"].append(g)
+            c = torch.addcmul(sig[:, size: 2 * size] * c, sig[:, :size], g)
+            tanh_c = torch.tanh(c)
+            h = sig[:, 3 * size:] * tanh_c
+            kept["tanh_c"].append(tanh_c)
+        hp, cp, sig, g, tanh_c = (torch.stack(kept[name]) for name in kept)  # [T, B, *]
+        y = (sig[..., 3 * size:] * tanh_c).transpose(0, 1).contiguous()
+        ctx.save_for_backward(x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh)
+        ctx.has_value, ctx.has_bias = h_value is not None, (b_ih is not None, b_hh is not None)
+        return y, h, c
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh_last, dc_last):
-        x, reset, hp, cp, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors
-        gates = F.linear(x, w_ih, b_ih) + F.linear(hp, w_hh, b_hh)
-        i, f, g, o = gates.chunk(4, -1)
-        i, f, o, g = torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(o), torch.tanh(g)
-        tanh_c = torch.tanh(f * cp + i * g)
+        x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh = ctx.saved_tensors
+        size = hp.shape[-1]
+        i, f, o = sig[..., :size], sig[..., size: 2 * size], sig[..., 3 * size:]
         k_h = o * (1 - tanh_c * tanh_c)  # dc_t += dh_t * k_h
-        k_c = torch.cat([g * i * (1 - i), cp * f * (1 - f), i * (1 - g * g)], -1)  # d(i, f, g) = dc_t * k_c
+        k_c = torch.stack([g * i * (1 - i), cp * f * (1 - f), i * (1 - g * g)], -2)  # d(i, f, g) = dc_t * k_c
         k_o = tanh_c * o * (1 - o)  # d o = dh_t * k_o
-
-        def step(t, grads):
-            dh, dc = grads
-            dc = torch.addcmul(dc, dh, k_h[:, t])
-            d_gates = torch.cat([dc.repeat(1, 3) * k_c[:, t], dh * k_o[:, t]], -1)
-            return [d_gates @ w_hh, dc * f[:, t]]
-
-        (dh_after, dc_after), (h_before, c_before), (dh0, dc0) = _backward_through_time(
-            step, [_zero_if_none(dh_last, hp[:, 0]), _zero_if_none(dc_last, cp[:, 0])],
-            _zero_if_none(dy, hp), reset, hp.shape[1])
-        dc_total = torch.addcmul(dc_after, dh_after, k_h)
-        d_gates = torch.cat([dc_total.repeat(1, 1, 3) * k_c, dh_after * k_o], -1)
+        steps = hp.shape[0]
+        dy = torch.zeros_like(hp) if dy is None else dy.transpose(0, 1)
+        dh = _zero_if_none(dh_last, hp[0])
+        dc = _zero_if_none(dc_last, cp[0])
+        d_gates = hp.new_empty(steps, hp.shape[1], 4, size)  # gates i, f, g, o
+        resets_at = reset.any(0).tolist()
+        mask = reset.t().unsqueeze(-1)
+        h_before, c_before = [None] * steps, [None] * steps
+        for t in range(steps - 1, -1, -1):
+            dh = dh + dy[t]
+            dc = torch.addcmul(dc, dh, k_h[t])
+            torch.mul(dc.unsqueeze(1), k_c[t], out=d_gates[t, :, :3])
+            torch.mul(dh, k_o[t], out=d_gates[t, :, 3])
+            dh, dc = d_gates[t].view(-1, 4 * size) @ w_hh, dc * f[t]
+            h_before[t], c_before[t] = dh, dc
+            if resets_at[t]:
+                dh, dc = dh.masked_fill(mask[t], 0.0), dc.masked_fill(mask[t], 0.0)
         need = ctx.needs_input_grad
-        dx, dw_ih, dw_hh, db_ih, db_hh = _weight_grads(need[:1] + need[6:], x, hp, (d_gates, d_gates), w_ih)
-        return (dx, None, dh0, dc0, _reset_value_grad(h_before, reset, ctx.has_value),
-                _reset_value_grad(c_before, reset, ctx.has_value), dw_ih, dw_hh, db_ih, db_hh)
+        d_gates = d_gates.view(steps, -1, 4 * size)
+        flat = d_gates.view(-1, 4 * size)
+        dx = (d_gates @ w_ih).transpose(0, 1) if need[0] else None
+        dw_ih = flat.T @ x.transpose(0, 1).reshape(-1, x.shape[-1]) if need[6] else None
+        dw_hh = flat.T @ hp.reshape(-1, size) if need[7] else None
+        db = flat.sum(0) if need[8] or need[9] else None
+        value_grads = [None, None]
+        if ctx.has_value:
+            value_grads = [torch.stack(parts, 1).masked_fill(~reset.unsqueeze(-1), 0.0) for parts in (h_before, c_before)]
+        return (dx, None, dh, dc, *value_grads, dw_ih, dw_hh,
+                db if ctx.has_bias[0] else None, db if ctx.has_bias[1] else None)
