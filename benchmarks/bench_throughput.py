@@ -8,10 +8,11 @@ sides of each ratio measured in turn in this process, so that machine load weigh
   to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
   settings (``bench_learning.run_sb3``) on the same frames; skipped with a message without
   the ``bench`` extra;
-- ``fast_vs_serial``: the main job on its in-process vector env over the same job on
-  TorchRL's ``SerialEnv`` (``--env-batching serial``);
+- ``fast_vs_serial``: the main job on its in-process vector env (``--env-batching vector``)
+  over the same job on TorchRL's ``SerialEnv`` (``--env-batching serial``), every other
+  option the job's default;
 - ``collect_vs_env_limit``: frames/s of a TorchRL ``Collector`` stepping the job's acting env
-  (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
+  on the vector path (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
   raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
 - ``update_vs_compute_limit``: seconds of the job's update on one rollout (``update`` over
   its windows, ``epochs x minibatches`` steps) over the same steps of plain forward and
@@ -186,7 +187,8 @@ def main(argv=None) -> dict[str, float]:
             ratios[name] = value
         return value
 
-    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False)
+    # the fast path named: the job's default env batching may be either
+    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False, env_batching="vector")
     has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
     popgym = [name for name in args.popgym.split(",") if name]
     bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")
@@ -209,8 +211,8 @@ def main(argv=None) -> dict[str, float]:
     record("update_vs_compute_limit", measured["update_s"] / measured["compute_s"], "ratio")
     bar.update()
 
-    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device), "frames/s",
-                  f"{args.frames} frames, defaults")
+    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device, env_batching="vector"),
+                  "frames/s", f"{args.frames} frames, --env-batching vector")
     serial = record("main_job_fps_serial", job_fps(args.frames, args.seed, device=args.device,
                                                    env_batching="serial"), "frames/s", "--env-batching serial")
     record("fast_vs_serial", fast / serial, "ratio")
