@@ -23,16 +23,17 @@ __all__ = ["ReturnScaledReward", "RunningObservationNorm"]
 def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, values: torch.Tensor) -> None:
     """Merges the moments of ``values`` ``[n, *mean.shape]`` into the running ``mean``, ``var``
     (population) and ``count``, in place (Chan, Golub and LeVeque 1979)."""
-    values = values.detach().to(mean.dtype)
     n = values.shape[0]
     if not n:
         return
-    batch_mean, batch_var = values.mean(0), values.var(0, correction=0)
-    total = count + n
+    batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
+    old = count.item()
+    total = old + n
     delta = batch_mean - mean
-    var.copy_((var * count + batch_var * n + delta**2 * count * n / total) / total)
-    mean.add_(delta * n / total)
-    count.copy_(total)
+    # var <- (var * old + batch_var * n + delta^2 * old * n / total) / total
+    var.mul_(old / total).add_(batch_var, alpha=n / total).addcmul_(delta, delta, value=old * n / total**2)
+    mean.add_(delta, alpha=n / total)
+    count.fill_(total)
 
 
 class ReturnScaledReward(Transform):

@@ -388,7 +388,7 @@ class ResetRNN(TensorDictModuleBase):
         rows = tensordict if flat else tensordict.reshape(-1)
         x = self._get(rows, self.in_key, "in_key")
         reset = step_flags(rows, self.init_key, self.is_first_key)
-        initial = self._initial_state(x.shape[0], x.device)
+        initial = None if self.initial is None else tuple(self.initial)
         state = step_state(rows, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
         y, new = step_once(self.rnn, self._layout, x, state)
         unflat = (lambda v: v) if flat else (lambda v: v.reshape(*shape, *v.shape[1:]))

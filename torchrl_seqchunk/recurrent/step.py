@@ -29,9 +29,10 @@ def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
     return _reset_mask(flags, (rows.shape[0],), "is_first")
 
 
-def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, batch_shape) -> tuple:
+def step_state(rows, reset, initial, keys: list, shapes: list, dtype, batch_shape) -> tuple:
     """The state each row starts its step from: the stored one, the initial one where ``reset``.
 
+    ``initial`` is ``None`` (zeros) or a tuple of one row's learned initial entries ``[*S]``.
     Raises ``ValueError`` for an entry absent where a row does not reset or of the wrong
     shape, ``TypeError`` for an entry of another dtype than ``dtype``.
     """
@@ -45,9 +46,13 @@ def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, bat
             "module.make_tensordict_primer() to the env (TransformedEnv) so that the state "
             "travels from step to step, also through SerialEnv / ParallelEnv."
         )
-    state = initial if missing else stored
-    for key, h, s in zip(keys, state, shapes):
-        if h.shape[1:] != s:  # torch.where below would broadcast it into the wrong rows
+    if missing:  # every row resets
+        batch = reset.shape[0]
+        if initial is None:
+            return tuple(torch.zeros(batch, *s, dtype=dtype, device=reset.device) for s in shapes)
+        return tuple(p.expand(batch, *p.shape) for p in initial)
+    for key, h, s in zip(keys, stored, shapes):
+        if h.shape[1:] != s:  # the reset below would broadcast it into the wrong rows
             raise ValueError(
                 f"state entry {key!r} must have shape [*batch, *{list(s)}] = "
                 f"{[*batch_shape, *s]}, got {[*batch_shape, *h.shape[1:]]}; it was written by "
@@ -61,9 +66,10 @@ def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, bat
                 f"append module.make_tensordict_primer() after casting, or cast the state with "
                 f".to({dtype})."
             )
-    return tuple(
-        torch.where(reset.view(-1, *([1] * len(s))), i, h) for h, i, s in zip(state, initial, shapes)
-    )
+    masks = [reset.view(-1, *([1] * len(s))) for s in shapes]
+    if initial is None:
+        return tuple(h.masked_fill(m, 0.0) for h, m in zip(stored, masks))
+    return tuple(torch.where(m, p, h) for h, m, p in zip(stored, masks, initial))
 
 
 def step_once(rnn: nn.Module, layout: _Layout, x: torch.Tensor, state: tuple) -> tuple:
