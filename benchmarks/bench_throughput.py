@@ -24,7 +24,15 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 - ``popgym_fast_vs_serial_<Env>``: the main job's frames/s on each POPGym task of
   ``bench_memory.py`` (``--popgym``), vector env over ``SerialEnv``, both figures printed.
 
-Writes ``--out``/throughput.csv (name, value, unit, note).
+Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
+part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
+the ``Collector`` stepping the acting env with random actions (``acting_env_fps``: TorchRL's
+wrapper, transforms, primers, partial resets) less ``env``; ``acting`` the collector with the
+agent less that; ``update`` the job's update per frame of a rollout; ``other`` the main
+job's time per frame less all of these (advantages, batching, the report).
+
+Writes ``--out``/throughput.csv (name, value, unit, note) and ``--out``/breakdown.png (the
+parts as a stacked bar, beside those of ``--before``, a throughput.csv of an earlier run).
 
     python benchmarks/bench_throughput.py                     # about 10 minutes on a busy core
     python benchmarks/bench_throughput.py --quick             # every figure at a tiny budget
@@ -33,6 +41,7 @@ Writes ``--out``/throughput.csv (name, value, unit, note).
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import time
 from pathlib import Path
@@ -46,6 +55,7 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs import SerialEnv
+from torchrl.modules import RandomPolicy
 from tqdm import tqdm
 
 from torchrl_seqchunk import ResetRNN
@@ -70,7 +80,10 @@ def parse_args(argv=None):
     parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
+    parser.add_argument("--before", default="", help="throughput.csv of an earlier run, drawn beside this one")
     args = parser.parse_args(argv)
+    if args.before and not Path(args.before).is_file():
+        parser.error(f"--before {args.before}: no such file; give the throughput.csv of an earlier run")
     if args.quick:
         args.frames, args.popgym_frames, args.env_frames = 512, 256, 1024
         if args.popgym == ",".join(SUITE):
@@ -142,23 +155,33 @@ def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
     optim.step()
 
 
-def collect_and_update(cfg, frames: int) -> dict[str, float]:
-    """The collector's frames/s with the agent, and the update's seconds beside the plain compute."""
-    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
-    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
+    """frames/s of a TorchRL Collector of the job's rollouts after one warm-up rollout, and the rollouts."""
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = Collector(make_acting_env(cfg, rnns, cfg.seed), TensorDictSequential(actor, critic),
-                          frames_per_batch=per_batch, total_frames=per_batch * (1 + max(1, frames // per_batch)),
+    collector = Collector(env, policy, frames_per_batch=per_batch,
+                          total_frames=per_batch * (1 + max(1, frames // per_batch)),
                           device=cfg.device, auto_register_policy_transforms=False)
     batches = iter(collector)
     next(batches)  # warm-up
     start = time.perf_counter()
     rollouts = list(batches)
-    collect_fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
+    fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
     collector.shutdown()
     torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
+    return fps, rollouts
 
-    batching = make_batching(cfg, rnns, per_batch)
+
+def collect_and_update(cfg, frames: int) -> dict[str, float]:
+    """The collector's frames/s with random actions and with the agent, and the update's
+    seconds beside the plain compute."""
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+    env = make_acting_env(cfg, rnns, cfg.seed)
+    acting_env_fps, _ = collector_fps(cfg, env, RandomPolicy(env.full_action_spec), frames)
+    collect_fps, rollouts = collector_fps(cfg, make_acting_env(cfg, rnns, cfg.seed),
+                                          TensorDictSequential(actor, critic), frames)
+
+    batching = make_batching(cfg, rnns, cfg.num_envs * cfg.rollout_len)
     steps = batching.batches(add_advantages(cfg, critic, rollouts[-1]))
     loss = batching.make_loss(actor, critic)
     optim = torch.optim.Adam(loss.parameters(), lr=cfg.lr, eps=1e-5)
@@ -173,7 +196,46 @@ def collect_and_update(cfg, frames: int) -> dict[str, float]:
 
     job_update(steps[:2]), plain_update(steps[:2])  # warm-up
     update_s, compute_s = seconds_per_call(lambda: job_update(steps)), seconds_per_call(lambda: plain_update(steps))
-    return {"collect_fps": collect_fps, "update_s": update_s, "compute_s": compute_s, "steps": len(steps)}
+    return {"acting_env_fps": acting_env_fps, "collect_fps": collect_fps, "update_s": update_s,
+            "compute_s": compute_s, "steps": len(steps)}
+
+
+PARTS = ("env", "torchrl_env", "acting", "update", "other")
+
+
+def breakdown(figures: dict[str, float], rollout_frames: int) -> dict[str, float]:
+    """Microseconds per frame of each part (see the module docstring) from this run's figures."""
+    per_frame = {name: 1e6 / figures[name] for name in ("env_fps_raw", "acting_env_fps", "collect_fps",
+                                                         "main_job_fps_fast")}
+    parts = {"env": per_frame["env_fps_raw"],
+             "torchrl_env": per_frame["acting_env_fps"] - per_frame["env_fps_raw"],
+             "acting": per_frame["collect_fps"] - per_frame["acting_env_fps"],
+             "update": 1e6 * figures["update_s"] / rollout_frames}
+    parts["other"] = per_frame["main_job_fps_fast"] - sum(parts.values())
+    return parts
+
+
+def plot_breakdown(bars: dict[str, dict[str, float]], path: Path) -> None:
+    """One stacked horizontal bar per run, its parts in microseconds per frame."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(bars)))
+    for row, parts in enumerate(bars.values()):
+        left = 0.0
+        for index, name in enumerate(PARTS):
+            width = max(0.0, parts[name])  # a part within the noise may come out below 0
+            ax.barh(row, width, left=left, color=f"C{index}", label=name if row == 0 else None)
+            left += width
+    ax.set_yticks(range(len(bars)), list(bars))
+    ax.set_xlabel("microseconds per frame (main job, 8 envs, one thread)")
+    ax.set_title("Where a frame's time goes")
+    ax.legend(ncol=len(PARTS), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(bars) < 3 else -0.3))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> dict[str, float]:
@@ -204,6 +266,7 @@ def main(argv=None) -> dict[str, float]:
     bar.update()
 
     measured = collect_and_update(cfg, args.env_frames)
+    record("acting_env_fps", measured["acting_env_fps"], "frames/s", "Collector, the job's acting env, random actions")
     record("collect_fps", measured["collect_fps"], "frames/s", "Collector, the job's acting env and policy")
     record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
     record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")
@@ -233,6 +296,18 @@ def main(argv=None) -> dict[str, float]:
             bar.update()
         record(f"popgym_fast_vs_serial_{name}", fps["vector"] / fps["serial"], "ratio")
     bar.close()
+
+    figures = {row["name"]: row["value"] for row in rows}
+    parts = breakdown(figures, cfg.num_envs * cfg.rollout_len)
+    for name, value in parts.items():
+        record(f"frame_us_{name}", value, "us/frame", "where a frame's time goes (see the module docstring)")
+    bars = {"this run": parts}
+    if args.before:
+        with open(args.before) as f:
+            before = {row["name"]: float(row["value"]) for row in csv.DictReader(f)}
+        bars = {"before": {name: before[f"frame_us_{name}"] for name in PARTS}, "after": parts}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    plot_breakdown(bars, Path(args.out) / "breakdown.png")
 
     for row in rows:
         if row["unit"] != "ratio":
