@@ -27,9 +27,11 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
 part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
 the ``Collector`` stepping the acting env with random actions (``acting_env_fps``: TorchRL's
-wrapper, transforms, primers, partial resets) less ``env``; ``acting`` the collector with the
-agent less that; ``update`` the job's update per frame of a rollout; ``other`` the main
-job's time per frame less all of these (advantages, batching, the report).
+wrapper, transforms, primers, partial resets, the collector's own work) less ``env``;
+``acting`` the collector with the agent less that; ``update`` the job's update per frame of a
+rollout; ``collection_share``: the parts but the update over all of them. The main job's
+other work (advantages, batching, the report) is the rest of ``1 / main_job_fps_fast``,
+measured minutes apart, so left out: on a shared machine it is within the noise.
 
 Writes ``--out``/throughput.csv (name, value, unit, note) and ``--out``/breakdown.png (the
 parts as a stacked bar, beside those of ``--before``, a throughput.csv of an earlier run).
@@ -200,39 +202,42 @@ def collect_and_update(cfg, frames: int) -> dict[str, float]:
             "compute_s": compute_s, "steps": len(steps)}
 
 
-PARTS = ("env", "torchrl_env", "acting", "update", "other")
+PARTS = ("env", "torchrl_env", "acting", "update")
 
 
 def breakdown(figures: dict[str, float], rollout_frames: int) -> dict[str, float]:
     """Microseconds per frame of each part (see the module docstring) from this run's figures."""
-    per_frame = {name: 1e6 / figures[name] for name in ("env_fps_raw", "acting_env_fps", "collect_fps",
-                                                         "main_job_fps_fast")}
-    parts = {"env": per_frame["env_fps_raw"],
-             "torchrl_env": per_frame["acting_env_fps"] - per_frame["env_fps_raw"],
-             "acting": per_frame["collect_fps"] - per_frame["acting_env_fps"],
-             "update": 1e6 * figures["update_s"] / rollout_frames}
-    parts["other"] = per_frame["main_job_fps_fast"] - sum(parts.values())
-    return parts
+    per_frame = {name: 1e6 / figures[name] for name in ("env_fps_raw", "acting_env_fps", "collect_fps")}
+    return {"env": per_frame["env_fps_raw"],
+            "torchrl_env": per_frame["acting_env_fps"] - per_frame["env_fps_raw"],
+            "acting": per_frame["collect_fps"] - per_frame["acting_env_fps"],
+            "update": 1e6 * figures["update_s"] / rollout_frames}
 
 
 def plot_breakdown(bars: dict[str, dict[str, float]], path: Path) -> None:
-    """One stacked horizontal bar per run, its parts in microseconds per frame."""
+    """One stacked horizontal bar per run: each part's share of the frame's time, the total
+    in microseconds beside it (runs apart on a shared machine compare by share)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(bars)))
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.5 * len(bars)))
     for row, parts in enumerate(bars.values()):
-        left = 0.0
+        widths = {name: max(0.0, parts[name]) for name in PARTS}  # a part within the noise may come out below 0
+        total, left = sum(widths.values()), 0.0
         for index, name in enumerate(PARTS):
-            width = max(0.0, parts[name])  # a part within the noise may come out below 0
-            ax.barh(row, width, left=left, color=f"C{index}", label=name if row == 0 else None)
-            left += width
+            share = 100 * widths[name] / total
+            ax.barh(row, share, left=left, color=f"C{index}", label=name if row == 0 else None)
+            if share > 6:
+                ax.text(left + share / 2, row, f"{share:.0f}%", ha="center", va="center", fontsize=8)
+            left += share
+        ax.text(101, row, f"{total:,.0f} us", va="center", fontsize=8)
     ax.set_yticks(range(len(bars)), list(bars))
-    ax.set_xlabel("microseconds per frame (main job, 8 envs, one thread)")
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("share of a frame's time, % (vector path, 8 envs, one thread)")
     ax.set_title("Where a frame's time goes")
-    ax.legend(ncol=len(PARTS), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(bars) < 3 else -0.3))
+    ax.legend(ncol=len(PARTS), fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.12))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -301,6 +306,7 @@ def main(argv=None) -> dict[str, float]:
     parts = breakdown(figures, cfg.num_envs * cfg.rollout_len)
     for name, value in parts.items():
         record(f"frame_us_{name}", value, "us/frame", "where a frame's time goes (see the module docstring)")
+    record("collection_share", 1 - parts["update"] / sum(parts.values()), "ratio")
     bars = {"this run": parts}
     if args.before:
         with open(args.before) as f:
