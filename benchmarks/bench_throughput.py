@@ -8,10 +8,11 @@ sides of each ratio measured in turn in this process, so that machine load weigh
   to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
   settings (``bench_learning.run_sb3``) on the same frames; skipped with a message without
   the ``bench`` extra;
-- ``fast_vs_serial``: the main job on its in-process vector env over the same job on
-  TorchRL's ``SerialEnv`` (``--env-batching serial``);
+- ``fast_vs_serial``: the main job on its in-process vector env (``--env-batching vector``)
+  over the same job on TorchRL's ``SerialEnv`` (``--env-batching serial``), every other
+  option the job's default;
 - ``collect_vs_env_limit``: frames/s of a TorchRL ``Collector`` stepping the job's acting env
-  (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
+  on the vector path (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
   raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
 - ``update_vs_compute_limit``: seconds of the job's update on one rollout (``update`` over
   its windows, ``epochs x minibatches`` steps) over the same steps of plain forward and
@@ -23,7 +24,17 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 - ``popgym_fast_vs_serial_<Env>``: the main job's frames/s on each POPGym task of
   ``bench_memory.py`` (``--popgym``), vector env over ``SerialEnv``, both figures printed.
 
-Writes ``--out``/throughput.csv (name, value, unit, note).
+Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
+part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
+the ``Collector`` stepping the acting env with random actions (``acting_env_fps``: TorchRL's
+wrapper, transforms, primers, partial resets, the collector's own work) less ``env``;
+``acting`` the collector with the agent less that; ``update`` the job's update per frame of a
+rollout; ``collection_share``: the parts but the update over all of them. The main job's
+other work (advantages, batching, the report) is the rest of ``1 / main_job_fps_fast``,
+measured minutes apart, so left out: on a shared machine it is within the noise.
+
+Writes ``--out``/throughput.csv (name, value, unit, note) and ``--out``/breakdown.png (the
+parts as a stacked bar, beside those of ``--before``, a throughput.csv of an earlier run).
 
     python benchmarks/bench_throughput.py                     # about 10 minutes on a busy core
     python benchmarks/bench_throughput.py --quick             # every figure at a tiny budget
@@ -32,6 +43,7 @@ Writes ``--out``/throughput.csv (name, value, unit, note).
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
 import time
 from pathlib import Path
@@ -45,6 +57,7 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.envs import SerialEnv
+from torchrl.modules import RandomPolicy
 from tqdm import tqdm
 
 from torchrl_seqchunk import ResetRNN
@@ -69,7 +82,10 @@ def parse_args(argv=None):
     parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
+    parser.add_argument("--before", default="", help="throughput.csv of an earlier run, drawn beside this one")
     args = parser.parse_args(argv)
+    if args.before and not Path(args.before).is_file():
+        parser.error(f"--before {args.before}: no such file; give the throughput.csv of an earlier run")
     if args.quick:
         args.frames, args.popgym_frames, args.env_frames = 512, 256, 1024
         if args.popgym == ",".join(SUITE):
@@ -141,23 +157,33 @@ def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
     optim.step()
 
 
-def collect_and_update(cfg, frames: int) -> dict[str, float]:
-    """The collector's frames/s with the agent, and the update's seconds beside the plain compute."""
-    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
-    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
+    """frames/s of a TorchRL Collector of the job's rollouts after one warm-up rollout, and the rollouts."""
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = Collector(make_acting_env(cfg, rnns, cfg.seed), TensorDictSequential(actor, critic),
-                          frames_per_batch=per_batch, total_frames=per_batch * (1 + max(1, frames // per_batch)),
+    collector = Collector(env, policy, frames_per_batch=per_batch,
+                          total_frames=per_batch * (1 + max(1, frames // per_batch)),
                           device=cfg.device, auto_register_policy_transforms=False)
     batches = iter(collector)
     next(batches)  # warm-up
     start = time.perf_counter()
     rollouts = list(batches)
-    collect_fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
+    fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
     collector.shutdown()
     torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
+    return fps, rollouts
 
-    batching = make_batching(cfg, rnns, per_batch)
+
+def collect_and_update(cfg, frames: int) -> dict[str, float]:
+    """The collector's frames/s with random actions and with the agent, and the update's
+    seconds beside the plain compute."""
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
+    env = make_acting_env(cfg, rnns, cfg.seed)
+    acting_env_fps, _ = collector_fps(cfg, env, RandomPolicy(env.full_action_spec), frames)
+    collect_fps, rollouts = collector_fps(cfg, make_acting_env(cfg, rnns, cfg.seed),
+                                          TensorDictSequential(actor, critic), frames)
+
+    batching = make_batching(cfg, rnns, cfg.num_envs * cfg.rollout_len)
     steps = batching.batches(add_advantages(cfg, critic, rollouts[-1]))
     loss = batching.make_loss(actor, critic)
     optim = torch.optim.Adam(loss.parameters(), lr=cfg.lr, eps=1e-5)
@@ -172,7 +198,49 @@ def collect_and_update(cfg, frames: int) -> dict[str, float]:
 
     job_update(steps[:2]), plain_update(steps[:2])  # warm-up
     update_s, compute_s = seconds_per_call(lambda: job_update(steps)), seconds_per_call(lambda: plain_update(steps))
-    return {"collect_fps": collect_fps, "update_s": update_s, "compute_s": compute_s, "steps": len(steps)}
+    return {"acting_env_fps": acting_env_fps, "collect_fps": collect_fps, "update_s": update_s,
+            "compute_s": compute_s, "steps": len(steps)}
+
+
+PARTS = ("env", "torchrl_env", "acting", "update")
+
+
+def breakdown(figures: dict[str, float], rollout_frames: int) -> dict[str, float]:
+    """Microseconds per frame of each part (see the module docstring) from this run's figures."""
+    per_frame = {name: 1e6 / figures[name] for name in ("env_fps_raw", "acting_env_fps", "collect_fps")}
+    return {"env": per_frame["env_fps_raw"],
+            "torchrl_env": per_frame["acting_env_fps"] - per_frame["env_fps_raw"],
+            "acting": per_frame["collect_fps"] - per_frame["acting_env_fps"],
+            "update": 1e6 * figures["update_s"] / rollout_frames}
+
+
+def plot_breakdown(bars: dict[str, dict[str, float]], path: Path) -> None:
+    """One stacked horizontal bar per run: each part's share of the frame's time, the total
+    in microseconds beside it (runs apart on a shared machine compare by share)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.5 * len(bars)))
+    for row, parts in enumerate(bars.values()):
+        widths = {name: max(0.0, parts[name]) for name in PARTS}  # a part within the noise may come out below 0
+        total, left = sum(widths.values()), 0.0
+        for index, name in enumerate(PARTS):
+            share = 100 * widths[name] / total
+            ax.barh(row, share, left=left, color=f"C{index}", label=name if row == 0 else None)
+            if share > 6:
+                ax.text(left + share / 2, row, f"{share:.0f}%", ha="center", va="center", fontsize=8)
+            left += share
+        ax.text(101, row, f"{total:,.0f} us", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), list(bars))
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("share of a frame's time, % (vector path, 8 envs, one thread)")
+    ax.set_title("Where a frame's time goes")
+    ax.legend(ncol=len(PARTS), fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.12))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> dict[str, float]:
@@ -186,7 +254,8 @@ def main(argv=None) -> dict[str, float]:
             ratios[name] = value
         return value
 
-    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False)
+    # the fast path named: the job's default env batching may be either
+    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False, env_batching="vector")
     has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
     popgym = [name for name in args.popgym.split(",") if name]
     bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")
@@ -202,6 +271,7 @@ def main(argv=None) -> dict[str, float]:
     bar.update()
 
     measured = collect_and_update(cfg, args.env_frames)
+    record("acting_env_fps", measured["acting_env_fps"], "frames/s", "Collector, the job's acting env, random actions")
     record("collect_fps", measured["collect_fps"], "frames/s", "Collector, the job's acting env and policy")
     record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
     record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")
@@ -209,8 +279,8 @@ def main(argv=None) -> dict[str, float]:
     record("update_vs_compute_limit", measured["update_s"] / measured["compute_s"], "ratio")
     bar.update()
 
-    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device), "frames/s",
-                  f"{args.frames} frames, defaults")
+    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device, env_batching="vector"),
+                  "frames/s", f"{args.frames} frames, --env-batching vector")
     serial = record("main_job_fps_serial", job_fps(args.frames, args.seed, device=args.device,
                                                    env_batching="serial"), "frames/s", "--env-batching serial")
     record("fast_vs_serial", fast / serial, "ratio")
@@ -231,6 +301,19 @@ def main(argv=None) -> dict[str, float]:
             bar.update()
         record(f"popgym_fast_vs_serial_{name}", fps["vector"] / fps["serial"], "ratio")
     bar.close()
+
+    figures = {row["name"]: row["value"] for row in rows}
+    parts = breakdown(figures, cfg.num_envs * cfg.rollout_len)
+    for name, value in parts.items():
+        record(f"frame_us_{name}", value, "us/frame", "where a frame's time goes (see the module docstring)")
+    record("collection_share", 1 - parts["update"] / sum(parts.values()), "ratio")
+    bars = {"this run": parts}
+    if args.before:
+        with open(args.before) as f:
+            before = {row["name"]: float(row["value"]) for row in csv.DictReader(f)}
+        bars = {"before": {name: before[f"frame_us_{name}"] for name in PARTS}, "after": parts}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    plot_breakdown(bars, Path(args.out) / "breakdown.png")
 
     for row in rows:
         if row["unit"] != "ratio":

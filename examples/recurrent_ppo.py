@@ -9,7 +9,7 @@ and pole angle only), so it must infer velocities from memory.
     python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
 
 Pipeline per iteration:
-  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2,
+  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
      rewards scaled by ReturnScaledReward); the actor and critic run ResetRNN in step
      mode, so the rollout stores the memory each of them had at every step;
   2. boundary_gae computes advantages on the rollout [num_envs, T];

@@ -12,7 +12,7 @@ from torchrl.collectors import Collector
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, TransformedEnv, VecNormV2
 from torchrl.modules import OneHotCategorical, ProbabilisticActor
 
-from torchrl_seqchunk import EncodeObservation, MaskObservation, ResetRNN, ReturnScaledReward
+from torchrl_seqchunk import EncodeObservation, MaskObservation, ResetRNN, ReturnScaledReward, RunningObservationNorm
 from torchrl_seqchunk.envs import SyncVectorGymWrapper, make_masked_env, make_vector_env
 
 
@@ -290,12 +290,13 @@ def _serial(env_id, num_envs, keep=None, **make_kwargs):
     return SerialEnv(num_envs, functools.partial(make_masked_env, env_id, keep, **make_kwargs))
 
 
-def _agent_pipeline(batched, seed, obs_norm):
+def _agent_pipeline(batched, seed, obs_norm=None):
     """The main job's transforms and a sampling ResetRNN actor on `batched`, collected by TorchRL."""
     torch.manual_seed(seed)  # the actor's weights and actions
     rnn = ResetRNN(torch.nn.GRU(8, 8, batch_first=True), in_key="embed", out_key="features",
                    state_key="actor_state")
-    norm = [VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)] if obs_norm else []
+    norm = {None: [], "vecnorm": [VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)],
+            "running": [RunningObservationNorm()]}[obs_norm]
     env = TransformedEnv(batched, Compose(InitTracker(init_key="is_first"), RewardSum(), *norm,
                                           ReturnScaledReward(gamma=0.98), rnn.make_tensordict_primer()))
     env.set_seed(seed)
@@ -311,14 +312,14 @@ def _agent_pipeline(batched, seed, obs_norm):
     return torch.cat(rollouts, -1)
 
 
-def _collected(obs_norm):
+def _collected(obs_norm=None):
     # CartPole without velocities truncated at 25 steps: episodes end by falling and by truncation
     return [_agent_pipeline(make("CartPole-v1", 4, (0, 2), max_episode_steps=25), 7, obs_norm)
             for make in (_serial, make_vector_env)]
 
 
 def test_vector_env_collects_what_serial_env_collects():
-    serial, vector = _collected(obs_norm=False)
+    serial, vector = _collected()
     assert set(serial.keys(True, True)) == set(vector.keys(True, True))
     assert (serial == vector).all()  # observations, actions, flags, returns, stored states
     done, truncated = serial["next", "done"], serial["next", "truncated"]
@@ -335,11 +336,18 @@ def test_vector_env_with_vecnorm_agrees_until_the_first_partial_reset():
     # VecNormV2 updates its statistics with every row of a reset, the envs not reset too:
     # SerialEnv gives those rows the observation of their last reset, the vector env their
     # current one, so the statistics (and all after) part at the first partial reset.
-    serial, vector = _collected(obs_norm=True)
+    serial, vector = _collected("vecnorm")
     first_reset = int(serial["is_first"][:, 1:].any(0).squeeze(-1).nonzero()[0]) + 1
     assert 0 < first_reset < serial.shape[-1] - 1
     assert (serial[:, :first_reset] == vector[:, :first_reset]).all()
     assert (serial[:, first_reset:]["observation"] != vector[:, first_reset:]["observation"]).any()
+
+
+def test_vector_env_with_running_observation_norm_agrees_throughout():
+    # RunningObservationNorm counts only the envs reset: nothing of the rows not reset enters
+    serial, vector = _collected("running")
+    assert serial["is_first"][:, 1:].any() and not (serial["is_first"][:, 1:].all(0)).any()  # partial resets
+    assert (serial == vector).all()
 
 
 @pytest.mark.parametrize("env_id", [

@@ -21,18 +21,17 @@ job = load_main_job()
 
 
 def test_vector_and_serial_main_jobs_learn_alike(tmp_path):
-    # without VecNormV2 (its statistics count the rows not reset at a partial reset, which
-    # SerialEnv and the vector env fill differently) the two runs are the same run
+    # the observation statistics count only the envs reset (RunningObservationNorm), so the
+    # two runs are the same run, normalizers and all
     runs = []
     for batching in ("vector", "serial"):
-        cfg = job.Config(env_batching=batching, total_frames=512, num_envs=4, obs_norm=False, max_episode_steps=40,
+        cfg = job.Config(env_batching=batching, total_frames=512, num_envs=4, max_episode_steps=40,
                          runs_dir=str(tmp_path), name=batching, progress=False)
         runs.append([{k: v for k, v in row.items() if k != "wall_s"} for row in job.main(cfg)])
     assert runs[0] == runs[1]
     assert runs[0][-1]["episodes"] > 0
 
 
-@pytest.mark.filterwarnings("ignore:Support of VecNormV2")
 def test_next_values_are_the_per_step_critic_values():
     # short episodes (TimeLimit 14) put truncations and terminations inside the rollout
     cfg = job.Config(max_episode_steps=14, num_envs=4, rollout_len=24, progress=False)

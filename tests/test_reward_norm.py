@@ -1,10 +1,12 @@
-"""ReturnScaledReward against a per-step numpy reference of the discounted-return scaling."""
+"""ReturnScaledReward against a per-step numpy reference of the discounted-return scaling;
+RunningObservationNorm against TorchRL's VecNormV2 and a numpy count of the rows reset."""
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.envs import VecNormV2
 
-from torchrl_seqchunk import ReturnScaledReward
+from torchrl_seqchunk import ReturnScaledReward, RunningObservationNorm
 
 
 def reference(rewards, dones, gamma, clip, eps=1e-8):
@@ -70,3 +72,49 @@ def test_a_reset_without_done_starts_a_new_return_and_bad_done_shapes_are_named(
     with pytest.raises(ValueError, match=r"done_key 'done' has shape \[2, 2\], the reward \[2, 1\]"):
         transform._step(TensorDict({}, [2]), TensorDict(
             {"reward": torch.ones(2, 1), "done": torch.zeros(2, 2, dtype=torch.bool)}, [2]))
+
+
+def _observations(steps, envs, seed=0):
+    rng = np.random.default_rng(seed)  # features of unlike scales, one nearly constant
+    scale = np.array([0.01, 1.0, 100.0])
+    return torch.tensor(rng.normal(3.0, 1.0, size=(steps, envs, 3)) * scale, dtype=torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:Support of VecNormV2")
+def test_observation_norm_is_vecnormv2_on_full_resets_and_steps():
+    obs = _observations(30, 4)
+    ours = RunningObservationNorm()
+    theirs = VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)
+    for t, o in enumerate(obs):
+        data = lambda: TensorDict({"observation": o.clone()}, [4])
+        if t % 10 == 0:  # a reset of every env: no "_reset" mask
+            got, want = ours._reset(TensorDict({}, [4]), data()), theirs._reset(TensorDict({}, [4]), data())
+        else:
+            got, want = ours._step(TensorDict({}, [4]), data()), theirs._step(TensorDict({}, [4]), data())
+        torch.testing.assert_close(got["observation"], want["observation"], rtol=1e-4, atol=1e-4)
+    assert ours.count.item() == 120
+
+
+def test_observation_norm_counts_only_the_envs_reset_and_resumes():
+    obs, resets = _observations(12, 3, seed=1), torch.rand(12, 3, generator=torch.Generator().manual_seed(0)) < 0.4
+    norm, seen, got = RunningObservationNorm(), [], []
+    for t, (o, r) in enumerate(zip(obs, resets)):
+        if t % 2:  # a partial reset: rows not reset are the env's current data, not counted
+            out = norm._reset(TensorDict({"_reset": r.unsqueeze(-1)}, [3]), TensorDict({"observation": o}, [3]))
+            seen.extend(o[r].numpy())
+        else:
+            out = norm._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))
+            seen.extend(o.numpy())
+        counted = np.stack(seen).astype(np.float64)  # the reference: every counted row so far
+        want = (o.numpy() - counted.mean(0)) / np.maximum(counted.std(0), 1e-4)
+        np.testing.assert_allclose(out["observation"].numpy(), want, rtol=1e-5, atol=1e-5)
+    assert norm.count.item() == len(seen) < 12 * 3
+    resumed = RunningObservationNorm()
+    resumed.load_state_dict(norm.state_dict())
+    o = obs[0]
+    torch.testing.assert_close(resumed._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"],
+                               norm._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"])
+    with pytest.raises(ValueError, match=r"'observation' has features \[2\], the statistics \[3\]"):
+        norm._step(TensorDict({}, [3]), TensorDict({"observation": torch.zeros(3, 2)}, [3]))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        RunningObservationNorm(eps=0)

@@ -27,6 +27,7 @@ _EXPORTS = {
     "EncodeObservation": "envs",
     "MaskObservation": "envs",
     "ReturnScaledReward": "reward_norm",
+    "RunningObservationNorm": "reward_norm",
     "TagTrajectories": "distributed.writers",
     "assign_workers": "distributed.ranks",
     "rank_seed": "distributed.ranks",

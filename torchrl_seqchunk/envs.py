@@ -355,8 +355,9 @@ def make_vector_env(env_id: str, num_envs: int, keep: Sequence[int] | None = Non
 
     .. note:: TorchRL's ``VecNormV2`` updates its statistics with every row of a reset, the
         envs not reset too. ``SerialEnv`` gives those rows the observation of their own last
-        reset, this env their current observation; so the statistics of the two paths part
-        at the first partial reset (everything else agrees step for step).
+        reset, this env their current observation; so with ``VecNormV2`` the statistics of the
+        two paths part at the first partial reset. :class:`~torchrl_seqchunk.RunningObservationNorm`
+        (the same rule, counting only the envs reset) keeps them equal step for step.
 
     Args:
         env_id (str): a registered gymnasium id, or ``"module:id"`` (see :func:`make_masked_env`).

@@ -1,19 +1,39 @@
-"""Reward scaling by the running spread of the discounted return (an env transform).
+"""Env transforms that normalize by running statistics: the reward by the spread of the
+discounted return, the observation by its mean and standard deviation.
 
 TorchRL's ``VecNormV2`` normalizes a reward by the reward's own running mean and standard
 deviation, which turns a constant reward (CartPole's 1 per step) into 0. PPO implementations
 that learn control tasks fast (OpenAI baselines' ``VecNormalize``, which Stable-Baselines3
 and the rl-zoo use) instead divide the reward by the running standard deviation of the
 discounted return, without centring it. :class:`ReturnScaledReward` is that scaling as a
-TorchRL transform.
+TorchRL transform. :class:`RunningObservationNorm` is ``VecNormV2``'s observation rule for a
+batched env (``decay=1``, ``reduce_batch_dims=True``) on plain tensors, a few times cheaper
+per step, counting at a partial reset only the envs reset.
 """
 from __future__ import annotations
 
 import torch
 from tensordict import NestedKey, TensorDictBase
+from torchrl.data import Unbounded
 from torchrl.envs.transforms import Transform
 
-__all__ = ["ReturnScaledReward"]
+__all__ = ["ReturnScaledReward", "RunningObservationNorm"]
+
+
+def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, values: torch.Tensor) -> None:
+    """Merges the moments of ``values`` ``[n, *mean.shape]`` into the running ``mean``, ``var``
+    (population) and ``count``, in place (Chan, Golub and LeVeque 1979)."""
+    n = values.shape[0]
+    if not n:
+        return
+    batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
+    old = count.item()
+    total = old + n
+    delta = batch_mean - mean
+    # var <- (var * old + batch_var * n + delta^2 * old * n / total) / total
+    var.mul_(old / total).add_(batch_var, alpha=n / total).addcmul_(delta, delta, value=old * n / total**2)
+    mean.add_(delta, alpha=n / total)
+    count.fill_(total)
 
 
 class ReturnScaledReward(Transform):
@@ -74,15 +94,6 @@ class ReturnScaledReward(Transform):
         self.register_buffer("count", torch.full((), 1e-4, dtype=torch.float64))
         self._return = None  # [*batch, 1] discounted return of every env's current episode
 
-    def _update(self, returns: torch.Tensor) -> None:
-        values = returns.detach().reshape(-1).double()
-        n, mean, var = values.numel(), values.mean(), values.var(correction=0)
-        total = self.count + n
-        delta = mean - self.mean
-        self.var.copy_((self.var * self.count + var * n + delta**2 * self.count * n / total) / total)
-        self.mean.add_(delta * n / total)
-        self.count.copy_(total)
-
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         reward = next_tensordict.get(self.reward_key)
         done = next_tensordict.get(self.done_key)
@@ -94,7 +105,7 @@ class ReturnScaledReward(Transform):
         if self._return is None or self._return.shape != reward.shape:
             self._return = torch.zeros_like(reward)
         self._return = self._return * self.gamma + reward
-        self._update(self._return)
+        _merge_moments(self.mean, self.var, self.count, self._return.reshape(-1))
         scale = torch.sqrt(self.var + self.eps).to(reward.dtype)
         next_tensordict.set(self.reward_key, (reward / scale).clamp(-self.clip, self.clip))
         self._return = self._return.masked_fill(done, 0.0)
@@ -109,3 +120,74 @@ class ReturnScaledReward(Transform):
             else:
                 self._return = self._return.masked_fill(reset.reshape(self._return.shape), 0.0)
         return tensordict_reset
+
+
+class RunningObservationNorm(Transform):
+    """Normalize an observation by the running mean and standard deviation of every one seen.
+
+    ``VecNormV2(in_keys=[key], decay=1.0, reduce_batch_dims=True)``'s rule: per feature, the
+    mean and the population variance of every observation of every env so far (the new
+    ones first merged in), then ``(obs - mean) / max(sqrt(var), eps)``. The statistics are
+    float64 buffers merged by batch moments (Chan, Golub and LeVeque 1979) where
+    ``VecNormV2`` keeps float32 running moments; they agree to float32 rounding.
+
+    .. note:: At a partial reset only the envs reset (``"_reset"``) count; ``VecNormV2``
+        counts every row of the reset, and a ``SerialEnv`` and a gymnasium vector env fill
+        the rows not reset differently, so with this transform both give the same statistics.
+
+    Keyword Args:
+        in_key (NestedKey): the observation, float ``[*batch, *F]``. Default ``"observation"``.
+        eps (float): floor of the standard deviation (> 0). Default 1e-4, ``VecNormV2``'s.
+
+    Raises:
+        ValueError: ``eps`` not positive.
+
+    Examples:
+        >>> from torchrl.envs import GymEnv, TransformedEnv
+        >>> env = TransformedEnv(GymEnv("CartPole-v1"), RunningObservationNorm())
+        >>> obs = env.rollout(50)["next", "observation"]
+        >>> bool(obs.abs().max() < 10)  # standardized features
+        True
+    """
+
+    def __init__(self, *, in_key: NestedKey = "observation", eps: float = 1e-4):
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}.")
+        super().__init__(in_keys=[in_key], out_keys=[in_key])
+        self.key, self.eps = in_key, float(eps)
+        for name in ("mean", "var"):  # [*F], shaped by the first observation
+            self.register_buffer(name, torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("mean", "var"):  # a fresh transform takes the saved feature shape
+            if prefix + name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _normalize(self, data: TensorDictBase, counted: torch.Tensor | None) -> TensorDictBase:
+        obs = data.get(self.key)
+        features = obs.shape[data.batch_dims:]
+        if self.mean.shape != features:
+            if self.count:
+                raise ValueError(f"{self.key!r} has features {list(features)}, the statistics "
+                                 f"{list(self.mean.shape)}; one transform per observation shape.")
+            self.mean = torch.zeros(features, dtype=torch.float64, device=obs.device)
+            self.var = torch.zeros_like(self.mean)
+        rows = obs.reshape(-1, *features)
+        _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted])
+        scale = self.var.sqrt().clamp_min(self.eps)
+        data.set(self.key, ((obs - self.mean) / scale).to(obs.dtype))
+        return data
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        return self._normalize(next_tensordict, None)
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        reset = tensordict.get("_reset", None) if tensordict is not None else None
+        return self._normalize(tensordict_reset, None if reset is None else reset.reshape(-1))
+
+    def transform_observation_spec(self, observation_spec):
+        spec = observation_spec[self.key]  # normalized values leave the observation's bounds
+        observation_spec[self.key] = Unbounded(shape=spec.shape, dtype=spec.dtype, device=spec.device)
+        return observation_spec

@@ -48,7 +48,7 @@ class RunConfig:
     overwrite: bool = False
     """replace the outputs of a finished run of the same name"""
     obs_norm: bool = True
-    """normalize observations by their running mean and std (TorchRL's VecNormV2)"""
+    """normalize observations by their running mean and std (VecNormV2's rule: RunningObservationNorm)"""
     reward_norm: bool = True
     """divide rewards by the running std of the discounted return (ReturnScaledReward)"""
     # reporting

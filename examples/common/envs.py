@@ -4,9 +4,9 @@ from __future__ import annotations
 import functools
 import warnings
 
-from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv, VecNormV2
+from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TensorDictPrimer, TransformedEnv
 
-from torchrl_seqchunk import ReturnScaledReward
+from torchrl_seqchunk import ReturnScaledReward, RunningObservationNorm
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
 
 
@@ -44,9 +44,8 @@ def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
         batched = {"serial": SerialEnv, "parallel": ParallelEnv}[cfg.env_batching](cfg.num_envs, factory)
     # TorchRL's is_init: True on the first step of every episode, what ResetRNN's step mode resets on.
     transforms = [InitTracker(), RewardSum()]  # RewardSum: the raw return
-    if cfg.obs_norm:  # one set of statistics over all envs (TorchRL calls a batched env experimental)
-        warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
-        transforms.append(VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True))
+    if cfg.obs_norm:  # VecNormV2's rule, one set of statistics over all envs, counting the envs reset
+        transforms.append(RunningObservationNorm())
     if cfg.reward_norm:
         transforms.append(ReturnScaledReward(gamma=cfg.gamma))
     return TransformedEnv(batched, Compose(*transforms))
@@ -56,10 +55,12 @@ def make_acting_env(cfg, rnns, seed: int) -> TransformedEnv:
     """make_env's env with the primers of the agent's ResetRNNs, seeded: what a collector steps.
 
     The primers declare each ResetRNN's memory in the env specs: zeros at reset, carried
-    from ("next", state) to the root by the collector. A module-level function, so
+    from ("next", state) to the root by the collector; one TensorDictPrimer holds them all
+    (one pass at each reset). A module-level function, so
     functools.partial(make_acting_env, cfg, rnns, seed) is a picklable env factory for
     workers in other processes (Ray actors)."""
     env = make_env(cfg)
-    env.append_transform(Compose(*[rnn.make_tensordict_primer() for rnn in rnns]))
+    specs = {key: spec for rnn in rnns for key, spec in rnn.make_tensordict_primer().primers.items(True, True)}
+    env.append_transform(TensorDictPrimer(specs, expand_specs=True))
     env.set_seed(seed)
     return env

@@ -16,7 +16,7 @@ from torchrl.modules import recurrent_mode
 from .backends import _BACKEND_NAMES, _unroll
 from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
-from .step import step_flags, step_state
+from .step import step_flags, step_once, step_state
 
 __all__ = ["ResetRNN"]
 
@@ -384,17 +384,16 @@ class ResetRNN(TensorDictModuleBase):
                 f"ResetRNN step mode got an empty batch {list(shape)}; call it on at least one "
                 "env (or skip the call when no env is left)."
             )
-        rows = tensordict.reshape(-1)
+        flat = tensordict.batch_dims == 1  # a batch of envs: no reshape there and back
+        rows = tensordict if flat else tensordict.reshape(-1)
         x = self._get(rows, self.in_key, "in_key")
-        batch = x.shape[0]
         reset = step_flags(rows, self.init_key, self.is_first_key)
-        initial = self._initial_state(batch, x.device)
+        initial = None if self.initial is None else tuple(self.initial)
         state = step_state(rows, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
-        no_reset = torch.zeros(batch, 1, dtype=torch.bool, device=x.device)
-        y, new = _unroll(self.rnn, x.unsqueeze(1), no_reset, state, None, self._layout, "loop")
-        for key, used, nxt in zip(self.state_keys, state, new):
-            tensordict.set(key, used.reshape(*shape, *used.shape[1:]))
-            tensordict.set(unravel_key(("next", key)), nxt.reshape(*shape, *nxt.shape[1:]))
-        y = self._layout.output(y)[:, 0]
-        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[1:]))
+        y, new = step_once(self.rnn, self._layout, x, state)
+        unflat = (lambda v: v) if flat else (lambda v: v.reshape(*shape, *v.shape[1:]))
+        for key, next_key, used, nxt in zip(self.state_keys, self._next_keys, state, new):
+            tensordict.set(key, unflat(used))
+            tensordict.set(next_key, unflat(nxt))
+        tensordict.set(self.out_key, unflat(y))
         return tensordict

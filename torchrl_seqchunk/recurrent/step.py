@@ -6,9 +6,12 @@ the env (its ``InitTracker`` and the module's primer) wrote, and name what is mi
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from tensordict import TensorDictBase
+from torch import nn
 
-from .state import _reset_mask
+from .backends import _layer_steps
+from .state import _Layout, _reset_mask
 
 
 def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
@@ -26,14 +29,15 @@ def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
     return _reset_mask(flags, (rows.shape[0],), "is_first")
 
 
-def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, batch_shape) -> tuple:
+def step_state(rows, reset, initial, keys: list, shapes: list, dtype, batch_shape) -> tuple:
     """The state each row starts its step from: the stored one, the initial one where ``reset``.
 
+    ``initial`` is ``None`` (zeros) or a tuple of one row's learned initial entries ``[*S]``.
     Raises ``ValueError`` for an entry absent where a row does not reset or of the wrong
     shape, ``TypeError`` for an entry of another dtype than ``dtype``.
     """
-    present = rows.keys(include_nested=True)
-    missing = [k for k in keys if k not in present]
+    stored = [rows.get(k, None) for k in keys]
+    missing = [k for k, h in zip(keys, stored) if h is None]
     if missing and not bool(reset.all()):
         raise ValueError(
             f"state entry {missing[0]!r} is absent at a step that is not an episode start "
@@ -42,9 +46,13 @@ def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, bat
             "module.make_tensordict_primer() to the env (TransformedEnv) so that the state "
             "travels from step to step, also through SerialEnv / ParallelEnv."
         )
-    state = initial if missing else tuple(rows.get(k) for k in keys)
-    for key, h, s in zip(keys, state, shapes):
-        if h.shape[1:] != s:  # torch.where below would broadcast it into the wrong rows
+    if missing:  # every row resets
+        batch = reset.shape[0]
+        if initial is None:
+            return tuple(torch.zeros(batch, *s, dtype=dtype, device=reset.device) for s in shapes)
+        return tuple(p.expand(batch, *p.shape) for p in initial)
+    for key, h, s in zip(keys, stored, shapes):
+        if h.shape[1:] != s:  # the reset below would broadcast it into the wrong rows
             raise ValueError(
                 f"state entry {key!r} must have shape [*batch, *{list(s)}] = "
                 f"{[*batch_shape, *s]}, got {[*batch_shape, *h.shape[1:]]}; it was written by "
@@ -58,6 +66,24 @@ def step_state(rows, reset, initial: tuple, keys: list, shapes: list, dtype, bat
                 f"append module.make_tensordict_primer() after casting, or cast the state with "
                 f".to({dtype})."
             )
-    return tuple(
-        torch.where(reset.view(-1, *([1] * len(s))), i, h) for h, i, s in zip(state, initial, shapes)
-    )
+    masks = [reset.view(-1, *([1] * len(s))) for s in shapes]
+    if initial is None:
+        return tuple(h.masked_fill(m, 0.0) for h, m in zip(stored, masks))
+    return tuple(torch.where(m, p, h) for h, m, p in zip(stored, masks, initial))
+
+
+def step_once(rnn: nn.Module, layout: _Layout, x: torch.Tensor, state: tuple) -> tuple:
+    """One step of ``rnn`` from ``state`` (a tuple of ``[N, *S]``) on ``x`` ``[N, F]``:
+    ``(y, new state)``, the native cell kernel of each layer, as the loop backend runs a
+    step (so step mode and sequence mode agree to the bit)."""
+    steps = _layer_steps(rnn, layout)
+    if not isinstance(rnn, nn.RNNBase):  # a cell: its state is its output
+        new = steps[0](x, state)
+        return layout.structure(new[: layout.outputs]) if layout.kind == "tensordict" else new[0], new
+    layers = []
+    for layer, step in enumerate(steps):
+        if layer and rnn.dropout > 0 and rnn.training:
+            x = F.dropout(x, rnn.dropout, True)
+        layers.append(step(x, tuple(s[:, layer] for s in state)))
+        x = layers[-1][0]
+    return x, tuple(torch.stack(parts, 1) for parts in zip(*layers))
