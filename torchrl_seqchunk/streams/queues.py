@@ -38,16 +38,19 @@ class _Stream:
         self.segments.append(segment)
         self.unread += segment.slots.numel()
 
-    def take(self, n: int) -> list[_Segment]:
-        pieces = []
+    def take(self, n: int) -> list[tuple[torch.Tensor, int, int]]:
+        pieces = []  # (slots, episode, offset) of each piece, in order
         while n:
             head = self.segments[0]
-            k = min(n, head.slots.numel())
-            pieces.append(_Segment(head.slots[:k], head.episode, head.offset, head.queued_at))
-            if k == head.slots.numel():
+            size = head.slots.numel()
+            if n >= size:
+                pieces.append((head.slots, head.episode, head.offset))
                 self.segments.popleft()
+                k = size
             else:
-                head.slots, head.offset = head.slots[k:], head.offset + k
+                pieces.append((head.slots[:n], head.episode, head.offset))
+                head.slots, head.offset = head.slots[n:], head.offset + n
+                k = n
             self.unread -= k
             n -= k
         return pieces
@@ -101,7 +104,7 @@ class _Streams:
         self.remaining_batches = -(-longest // seq_len)
         self.ran_out = False
 
-    def take(self, seq_len: int) -> list[list[_Segment]]:
+    def take(self, seq_len: int) -> list[list[tuple[torch.Tensor, int, int]]]:
         """The next ``seq_len`` steps of every stream (fewer where an epoch's stream ran out)."""
         rows = [stream.take(min(seq_len, stream.unread)) for stream in self.queues]
         if not self.replacement:
@@ -110,24 +113,34 @@ class _Streams:
         return rows
 
     @staticmethod
-    def layout(rows: list[list[_Segment]], seq_len: int):
-        """Slots and step-in-episode (-1 on padding) of ``rows``, long ``[B, T]``, and the
-        episode id of every slot (a list, row after row); a row short of ``seq_len`` (an
-        epoch's stream that ran out) is padded."""
-        pad_slot = int(next(piece.slots[0] for row in rows for piece in row))
-        slots, steps, episodes = [], [], []
+    def layout(rows: list[list[tuple[torch.Tensor, int, int]]], seq_len: int):
+        """Slots, step-in-episode (-1 on padding) and episode id (-1 on padding) of
+        ``rows``, long ``[B, T]``; a row short of ``seq_len`` (an epoch's stream that ran
+        out) is padded."""
+        pad_slot = next(slots[:1] for row in rows for slots, _, _ in row)
+        slots, lengths, offsets, episodes = [], [], [], []
         for row in rows:
-            for piece in row:
-                slots.append(piece.slots)
-                steps += range(piece.offset, piece.offset + piece.slots.numel())
-                episodes += [piece.episode] * piece.slots.numel()
-            missing = seq_len - sum(piece.slots.numel() for piece in row)
-            if missing:
-                slots.append(torch.full((missing,), pad_slot))
-                steps += [-1] * missing
-                episodes += [-1] * missing
+            filled = 0
+            for piece, episode, offset in row:
+                slots.append(piece)
+                lengths.append(piece.numel())
+                offsets.append(offset)
+                episodes.append(episode)
+                filled += lengths[-1]
+            if filled < seq_len:  # padding: a piece of episode -1 whose steps are all -1
+                slots.append(pad_slot.expand(seq_len - filled))
+                lengths.append(seq_len - filled)
+                offsets.append(-1)
+                episodes.append(-1)
         shape = (len(rows), seq_len)
-        return torch.cat(slots).view(shape), torch.tensor(steps).view(shape), episodes
+        lengths = torch.tensor(lengths)
+        starts = lengths.cumsum(0) - lengths  # flat position of each piece's first step
+        pieces = torch.tensor([offsets, episodes])
+        offsets = pieces[0].repeat_interleave(lengths, output_size=shape[0] * seq_len)
+        first = starts.repeat_interleave(lengths, output_size=shape[0] * seq_len)
+        steps = torch.where(offsets < 0, offsets, offsets + torch.arange(offsets.numel()) - first)
+        episodes = pieces[1].repeat_interleave(lengths, output_size=shape[0] * seq_len)
+        return torch.cat(slots).view(shape), steps.view(shape), episodes.view(shape)
 
     def drop_stale(self, log) -> None:
         """Drops every queued step rewritten since it was queued; an epoch left with
