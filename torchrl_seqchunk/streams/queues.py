@@ -78,11 +78,13 @@ class _Streams:
         self.remaining_batches = torch.iinfo(torch.int64).max if replacement else 0
 
     def fill(self, seq_len: int, draw, clock: int) -> None:
-        """Appends episodes ``draw()`` gives to every stream short of ``seq_len`` steps."""
-        for stream in self.queues:
-            while stream.unread < seq_len:
-                episode, slots = draw()
+        """Appends episodes to every stream short of ``seq_len`` steps, one to each such
+        stream per round, from ``draw(n)`` (``n`` episodes at once), until none is short."""
+        short = [stream for stream in self.queues if stream.unread < seq_len]
+        while short:
+            for stream, (episode, slots) in zip(short, draw(len(short))):
                 stream.push(_Segment(slots, episode, 0, clock))
+            short = [stream for stream in short if stream.unread < seq_len]
 
     def empty(self) -> bool:
         return not any(stream.unread for stream in self.queues)

@@ -236,7 +236,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                     "raise the capacity."
                 )
             if self.replacement:
-                self._streams.fill(T, lambda: self._tracker.draw(self.generator), self._log.clock)
+                self._streams.fill(T, lambda n: self._tracker.draw(self.generator, n), self._log.clock)
             elif self._streams.empty():
                 self._streams.deal(self._tracker.all(), T, self.generator, self._log.clock)
             return self._chunk(self._streams.take(T))
