@@ -178,8 +178,17 @@ def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
                                   generator=generator)
 
 
+STEP_KEYS = ["observation", "action", "is_init", ("collector", "traj_ids"),
+             *(("next", key) for key in ("observation", "reward", "done", "terminated", "truncated"))]
+"""What every recipe trains on; the actor's other outputs (features, values) are not stored."""
+
+
 def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) -> None:
-    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for streams)."""
+    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for
+    streams): the STEP_KEYS, plus the actor's memory where a window starts from it
+    (stream chunks start from the carried state, so their steps store no memory)."""
+    stored = [] if cfg.replay == "streams" or cfg.initial_state == "zero" else ["q_state"]
+    batch = batch.select(*STEP_KEYS, *stored, strict=False)
     buffer.extend(batch.reshape(-1) if cfg.replay == "streams" else batch)
 
 
