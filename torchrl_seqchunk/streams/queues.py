@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 
 import torch
 
@@ -40,19 +41,19 @@ class _Stream:
 
     def take(self, n: int) -> list[tuple[torch.Tensor, int, int]]:
         pieces = []  # (slots, episode, offset) of each piece, in order
+        self.unread -= n
         while n:
             head = self.segments[0]
-            size = head.slots.numel()
+            slots = head.slots
+            size = slots.shape[0]
             if n >= size:
-                pieces.append((head.slots, head.episode, head.offset))
+                pieces.append((slots, head.episode, head.offset))
                 self.segments.popleft()
-                k = size
+                n -= size
             else:
-                pieces.append((head.slots[:n], head.episode, head.offset))
-                head.slots, head.offset = head.slots[n:], head.offset + n
-                k = n
-            self.unread -= k
-            n -= k
+                pieces.append((slots[:n], head.episode, head.offset))
+                head.slots, head.offset = slots[n:], head.offset + n
+                n = 0
         return pieces
 
     def drop_stale(self, log) -> None:
@@ -135,13 +136,10 @@ class _Streams:
                 offsets.append(-1)
                 episodes.append(-1)
         shape = (len(rows), seq_len)
-        lengths = torch.tensor(lengths)
-        starts = lengths.cumsum(0) - lengths  # flat position of each piece's first step
-        pieces = torch.tensor([offsets, episodes])
-        offsets = pieces[0].repeat_interleave(lengths, output_size=shape[0] * seq_len)
-        first = starts.repeat_interleave(lengths, output_size=shape[0] * seq_len)
-        steps = torch.where(offsets < 0, offsets, offsets + torch.arange(offsets.numel()) - first)
-        episodes = pieces[1].repeat_interleave(lengths, output_size=shape[0] * seq_len)
+        starts = list(itertools.accumulate(lengths, initial=0))[:-1]  # each piece's flat start
+        offsets, episodes, starts = torch.tensor([offsets, episodes, starts]).repeat_interleave(
+            torch.tensor(lengths), dim=1, output_size=shape[0] * seq_len)
+        steps = torch.where(offsets < 0, offsets, offsets + torch.arange(offsets.numel()) - starts)
         return torch.cat(slots).view(shape), steps.view(shape), episodes.view(shape)
 
     def drop_stale(self, log) -> None:
