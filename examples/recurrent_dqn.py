@@ -16,8 +16,9 @@ Pipeline per iteration:
   1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2: the
      masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
      so the buffer stores the memory it had at every step;
-  2. the batch goes into a TensorDictReplayBuffer: flat for StreamChunkSampler(B, T), or a
-     [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
+  2. the batch goes into a TensorDictReplayBuffer, only the keys the recipe trains on (the
+     stored memory only where a window starts from it): flat for StreamChunkSampler(B, T),
+     or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
      SliceSampler(T);
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
      targets are right at every boundary; `streams` carries each network's state from a
