@@ -20,7 +20,7 @@ exact sign-flip p-value (``bench_boundary.paired_stats``).
 
 Beside the grid, ``--speed`` times gradient steps per second of ``streams`` against
 ``sequence`` at equal ``B, T`` (burn-in 0 and ``K``) on one buffer of random-policy steps,
-interleaved A/B so that machine load hits both alike.
+in interleaved rounds so that machine load hits both alike (median over rounds).
 
 Writes under ``--out``: ``offpolicy.csv`` (one row per collector batch of every run),
 ``offpolicy_summary.csv`` (one row per run), ``offpolicy.png`` (mean and range over seeds,
@@ -97,23 +97,29 @@ def speed(args) -> dict[int, float]:
         buffers[name] = recurrent_dqn.make_buffer(cfg)
         recurrent_dqn.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
         losses[name] = recurrent_dqn.make_loss(cfg, qnet, rnn)[0]
-    seconds = dict.fromkeys(variants, 0.0)
     optim = torch.optim.Adam(qnet.parameters(), lr=1e-4)
+
+    def steps(name: str, count: int) -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            out = losses[name](recurrent_dqn.sample(variants[name], buffers[name]))
+            optim.zero_grad()
+            out["loss"].backward()
+            optim.step()
+        return (time.perf_counter() - start) / count
+
+    for name in variants:  # warm up: first boundary scans, allocator
+        steps(name, 2)
+    seconds = {name: [] for name in variants}
     for _ in tqdm(range(args.speed_rounds), desc="speed"):
-        for name, cfg in variants.items():
-            start = time.perf_counter()
-            for _ in range(args.speed_steps):
-                out = losses[name](recurrent_dqn.sample(cfg, buffers[name]))
-                optim.zero_grad()
-                out["loss"].backward()
-                optim.step()
-            seconds[name] += time.perf_counter() - start
-    steps = args.speed_rounds * args.speed_steps
+        for name in variants:
+            seconds[name].append(steps(name, args.speed_steps))
+    median = {name: statistics.median(values) for name, values in seconds.items()}
     for name in variants:
-        print(f"{name}: {steps / seconds[name]:.1f} gradient steps/s")
+        print(f"{name}: {1 / median[name]:.1f} gradient steps/s (median of {args.speed_rounds} rounds)")
     ratios = {}
     for k in (0, recurrent_dqn.Config.burn_in):
-        ratios[k] = seconds[f"sequence_burnin{k}"] / seconds["streams"]
+        ratios[k] = median[f"sequence_burnin{k}"] / median["streams"]
         print(f"RATIO grad_steps_per_s_streams_vs_sequence_burnin{k} {ratios[k]:.3f}")
     return ratios
 
@@ -177,8 +183,8 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true", help="only the gradient-steps/s comparison")
     parser.add_argument("--no-speed", action="store_true", help="skip the gradient-steps/s comparison")
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
-    parser.add_argument("--speed-rounds", type=int, default=5, help="A/B rounds of the speed comparison")
-    parser.add_argument("--speed-steps", type=int, default=10, help="gradient steps per recipe per round")
+    parser.add_argument("--speed-rounds", type=int, default=15, help="A/B rounds of the speed comparison")
+    parser.add_argument("--speed-steps", type=int, default=4, help="gradient steps per recipe per round")
 
     def check(args) -> None:
         options.names("tasks", args.tasks, tuple(TASKS))

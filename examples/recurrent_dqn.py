@@ -16,8 +16,9 @@ Pipeline per iteration:
   1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2: the
      masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
      so the buffer stores the memory it had at every step;
-  2. the batch goes into a TensorDictReplayBuffer: flat for StreamChunkSampler(B, T), or a
-     [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
+  2. the batch goes into a TensorDictReplayBuffer, only the keys the recipe trains on (the
+     stored memory only where a window starts from it): flat for StreamChunkSampler(B, T),
+     or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
      SliceSampler(T);
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
      targets are right at every boundary; `streams` carries each network's state from a
@@ -178,8 +179,17 @@ def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
                                   generator=generator)
 
 
+STEP_KEYS = ["observation", "action", "is_init", ("collector", "traj_ids"),
+             *(("next", key) for key in ("observation", "reward", "done", "terminated", "truncated"))]
+"""What every recipe trains on; the actor's other outputs (features, values) are not stored."""
+
+
 def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) -> None:
-    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for streams)."""
+    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for
+    streams): the STEP_KEYS, plus the actor's memory where a window starts from it
+    (stream chunks start from the carried state, so their steps store no memory)."""
+    stored = [] if cfg.replay == "streams" or cfg.initial_state == "zero" else ["q_state"]
+    batch = batch.select(*STEP_KEYS, *stored, strict=False)
     buffer.extend(batch.reshape(-1) if cfg.replay == "streams" else batch)
 
 

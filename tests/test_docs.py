@@ -69,3 +69,10 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "concepts" / "index.html").exists()
+
+
+def test_api_page_documents_every_public_name():
+    import torchrl_seqchunk
+
+    documented = set(re.findall(r"^::: torchrl_seqchunk\.[\w.]+\.(\w+)$", (DOCS / "api.md").read_text(), re.M))
+    assert sorted(set(torchrl_seqchunk.__all__) - documented) == []

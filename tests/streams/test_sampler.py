@@ -299,6 +299,23 @@ def test_storage_filled_before_the_sampler_is_read_in_slot_order():
     assert sorted(set(chunk["episode"][0].tolist())) == [-8, -5]  # stamped before any write
 
 
+def test_padded_chunk_steps_and_episode_ids_by_hand():
+    # 2 streams of an epoch of episodes [5, 2, 1]: LPT deals 5 to one stream and 2 + 1
+    # to the other; the 3-step stream is padded with step -1, episode -1 and mask False.
+    rb = buffer(2, 5, replacement=False, episode_key="episode", step_key="step")
+    rb.extend(episodes([5, 2, 1]))
+    chunk = rb.sample()
+    rows = sorted(range(2), key=lambda b: -int(chunk["collector", "mask"][b].sum()))
+    long, short = chunk[rows[0]], chunk[rows[1]]
+    assert long["step"].tolist() == [0, 1, 2, 3, 4] and long["collector", "mask"].all()
+    assert set(long["episode"].tolist()) == {long["episode"][0].item()}
+    assert short["step"].tolist() in ([0, 1, 0, -1, -1], [0, 0, 1, -1, -1])
+    assert short["collector", "mask"].tolist() == [True, True, True, False, False]
+    ids = short["episode"].tolist()
+    assert ids[3:] == [-1, -1] and len(set(ids[:3])) == 2 and long["episode"][0].item() not in ids
+    assert short["is_first"].squeeze(-1).tolist()[:3] == [s == 0 for s in short["step"].tolist()[:3]]
+
+
 def test_wrapped_storage_filled_before_the_sampler_is_read_in_time_order():
     # 14 steps in 10 slots: slots 0-3 hold steps 10-13, slots 4-9 steps 4-9. In time order
     # (from slot 4) the storage holds episode 1 (steps 4-6), 2 (7-11) and 3 (12-13); in slot

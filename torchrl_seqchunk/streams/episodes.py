@@ -21,7 +21,7 @@ class _Episodes:
     """Drawable episodes, id -> storage slots in time order (DreamerV3 selector style).
 
     ``add`` appends, ``remove`` swaps the episode with the last one and pops: O(1).
-    ``at_step(u)`` for a uniform ``u < total`` picks an episode with P(e) = len(e) / total;
+    ``at_steps(u)`` for uniform ``u < total`` picks an episode with P(e) = len(e) / total;
     the cumulative lengths it searches are rebuilt only after a change.
     """
 
@@ -59,10 +59,10 @@ class _Episodes:
     def total(self) -> int:
         return int(self.cumulative()[-1]) if self.ids else 0
 
-    def at_step(self, step: int) -> tuple[int, torch.Tensor]:
-        """The episode holding step ``step`` of all episodes laid end to end."""
-        position = int(torch.searchsorted(self.cumulative(), torch.tensor([step]), right=True))
-        return self.ids[position], self.slots[position]
+    def at_steps(self, steps: torch.Tensor) -> list[int]:
+        """The positions of the episodes holding ``steps`` (long ``[n]``, each ``< total``)
+        of all episodes laid end to end."""
+        return torch.searchsorted(self.cumulative(), steps, right=True).tolist()
 
 
 class _Open:
@@ -314,19 +314,25 @@ class _EpisodeTracker:
         if entry is not None and entry.parts and entry.whole:
             self.episodes.add(entry.id, torch.cat(entry.parts))
 
-    def draw(self, generator: torch.Generator) -> tuple[int, torch.Tensor]:
-        """(id, slots) of the episode of a uniformly drawn drawable step."""
+    def draw(self, generator: torch.Generator, n: int) -> list[tuple[int, torch.Tensor]]:
+        """(id, slots) of the episodes of ``n`` uniformly drawn drawable steps."""
         total = self.episodes.total
         drawable = self._open_drawable()
         open_lengths = [sum(p.numel() for p in entry.parts) for entry in drawable]
-        step = int(torch.randint(total + sum(open_lengths), (1,), generator=generator))
-        if step < total:
-            return self.episodes.at_step(step)
-        step -= total
-        for entry, length in zip(drawable, open_lengths):
-            if step < length:
-                return entry.id, torch.cat(entry.parts)
-            step -= length
+        steps = torch.randint(total + sum(open_lengths), (n,), generator=generator)
+        positions = self.episodes.at_steps(steps) if total else [None] * n
+        drawn = []
+        for step, position in zip(steps.tolist(), positions):
+            if step < total:
+                drawn.append((self.episodes.ids[position], self.episodes.slots[position]))
+                continue
+            step -= total
+            for entry, length in zip(drawable, open_lengths):
+                if step < length:
+                    drawn.append((entry.id, torch.cat(entry.parts)))
+                    break
+                step -= length
+        return drawn
 
     def all(self) -> list[tuple[int, torch.Tensor]]:
         """(id, slots) of every drawable episode."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 
 import torch
 
@@ -38,18 +39,21 @@ class _Stream:
         self.segments.append(segment)
         self.unread += segment.slots.numel()
 
-    def take(self, n: int) -> list[_Segment]:
-        pieces = []
+    def take(self, n: int) -> list[tuple[torch.Tensor, int, int]]:
+        pieces = []  # (slots, episode, offset) of each piece, in order
+        self.unread -= n
         while n:
             head = self.segments[0]
-            k = min(n, head.slots.numel())
-            pieces.append(_Segment(head.slots[:k], head.episode, head.offset, head.queued_at))
-            if k == head.slots.numel():
+            slots = head.slots
+            size = slots.shape[0]
+            if n >= size:
+                pieces.append((slots, head.episode, head.offset))
                 self.segments.popleft()
+                n -= size
             else:
-                head.slots, head.offset = head.slots[k:], head.offset + k
-            self.unread -= k
-            n -= k
+                pieces.append((slots[:n], head.episode, head.offset))
+                head.slots, head.offset = slots[n:], head.offset + n
+                n = 0
         return pieces
 
     def drop_stale(self, log) -> None:
@@ -75,11 +79,13 @@ class _Streams:
         self.remaining_batches = torch.iinfo(torch.int64).max if replacement else 0
 
     def fill(self, seq_len: int, draw, clock: int) -> None:
-        """Appends episodes ``draw()`` gives to every stream short of ``seq_len`` steps."""
-        for stream in self.queues:
-            while stream.unread < seq_len:
-                episode, slots = draw()
+        """Appends episodes to every stream short of ``seq_len`` steps, one to each such
+        stream per round, from ``draw(n)`` (``n`` episodes at once), until none is short."""
+        short = [stream for stream in self.queues if stream.unread < seq_len]
+        while short:
+            for stream, (episode, slots) in zip(short, draw(len(short))):
                 stream.push(_Segment(slots, episode, 0, clock))
+            short = [stream for stream in short if stream.unread < seq_len]
 
     def empty(self) -> bool:
         return not any(stream.unread for stream in self.queues)
@@ -101,7 +107,7 @@ class _Streams:
         self.remaining_batches = -(-longest // seq_len)
         self.ran_out = False
 
-    def take(self, seq_len: int) -> list[list[_Segment]]:
+    def take(self, seq_len: int) -> list[list[tuple[torch.Tensor, int, int]]]:
         """The next ``seq_len`` steps of every stream (fewer where an epoch's stream ran out)."""
         rows = [stream.take(min(seq_len, stream.unread)) for stream in self.queues]
         if not self.replacement:
@@ -110,24 +116,31 @@ class _Streams:
         return rows
 
     @staticmethod
-    def layout(rows: list[list[_Segment]], seq_len: int):
-        """Slots and step-in-episode (-1 on padding) of ``rows``, long ``[B, T]``, and the
-        episode id of every slot (a list, row after row); a row short of ``seq_len`` (an
-        epoch's stream that ran out) is padded."""
-        pad_slot = int(next(piece.slots[0] for row in rows for piece in row))
-        slots, steps, episodes = [], [], []
+    def layout(rows: list[list[tuple[torch.Tensor, int, int]]], seq_len: int):
+        """Slots, step-in-episode (-1 on padding) and episode id (-1 on padding) of
+        ``rows``, long ``[B, T]``; a row short of ``seq_len`` (an epoch's stream that ran
+        out) is padded."""
+        pad_slot = next(slots[:1] for row in rows for slots, _, _ in row)
+        slots, lengths, offsets, episodes = [], [], [], []
         for row in rows:
-            for piece in row:
-                slots.append(piece.slots)
-                steps += range(piece.offset, piece.offset + piece.slots.numel())
-                episodes += [piece.episode] * piece.slots.numel()
-            missing = seq_len - sum(piece.slots.numel() for piece in row)
-            if missing:
-                slots.append(torch.full((missing,), pad_slot))
-                steps += [-1] * missing
-                episodes += [-1] * missing
+            filled = 0
+            for piece, episode, offset in row:
+                slots.append(piece)
+                lengths.append(piece.numel())
+                offsets.append(offset)
+                episodes.append(episode)
+                filled += lengths[-1]
+            if filled < seq_len:  # padding: a piece of episode -1 whose steps are all -1
+                slots.append(pad_slot.expand(seq_len - filled))
+                lengths.append(seq_len - filled)
+                offsets.append(-1)
+                episodes.append(-1)
         shape = (len(rows), seq_len)
-        return torch.cat(slots).view(shape), torch.tensor(steps).view(shape), episodes
+        starts = list(itertools.accumulate(lengths, initial=0))[:-1]  # each piece's flat start
+        offsets, episodes, starts = torch.tensor([offsets, episodes, starts]).repeat_interleave(
+            torch.tensor(lengths), dim=1, output_size=shape[0] * seq_len)
+        steps = torch.where(offsets < 0, offsets, offsets + torch.arange(offsets.numel()) - starts)
+        return torch.cat(slots).view(shape), steps.view(shape), episodes.view(shape)
 
     def drop_stale(self, log) -> None:
         """Drops every queued step rewritten since it was queued; an epoch left with

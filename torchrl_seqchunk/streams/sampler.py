@@ -15,7 +15,7 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from .._checks import check_int
 from .episodes import _EpisodeTracker
-from .queues import _Segment, _Streams
+from .queues import _Streams
 from .writes import _WriteLog
 
 __all__ = ["StreamChunkSampler"]
@@ -236,7 +236,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                     "raise the capacity."
                 )
             if self.replacement:
-                self._streams.fill(T, lambda: self._tracker.draw(self.generator), self._log.clock)
+                self._streams.fill(T, lambda n: self._tracker.draw(self.generator, n), self._log.clock)
             elif self._streams.empty():
                 self._streams.deal(self._tracker.all(), T, self.generator, self._log.clock)
             return self._chunk(self._streams.take(T))
@@ -293,11 +293,11 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         alive = self._log.stamps[slots] == stamps
         self._tracker.update(data, slots, stamps, alive, after_loss)
 
-    def _chunk(self, rows: list[list[_Segment]]) -> tuple[torch.Tensor, dict]:
+    def _chunk(self, rows: list[list[tuple[torch.Tensor, int, int]]]) -> tuple[torch.Tensor, dict]:
         index, step, episode = _Streams.layout(rows, self.seq_len)
         info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
         if self.episode_key is not None:
-            info[self.episode_key] = torch.tensor(episode).view(step.shape)
+            info[self.episode_key] = episode
         if self.step_key is not None:
             info[self.step_key] = step
         if not self.replacement:
