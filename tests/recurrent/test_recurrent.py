@@ -286,14 +286,15 @@ def test_integer_flags_reset_only_the_flagged_row(dtype):
     assert not torch.allclose(y[2, 1:], y_carry[2, 1:])
 
 
-def test_auto_picks_scan_for_linear_recurrences_fused_for_gru_and_loop_on_cpu():
+def test_auto_picks_scan_for_linear_recurrences_fused_for_small_gru_batches_and_loop_on_cpu():
     device = torch.device("cpu")
-    assert recurrent._pick_backend(MinGRUCell(F, H), device) == "scan"
-    assert recurrent._pick_backend(nn.GRU(F, H), device) == "fused"
-    assert recurrent._pick_backend(nn.LSTM(F, H), device) == "loop"
-    assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda")) == "packed"
-    assert recurrent._pick_backend(make_rnn("pair"), device) == "scan"
-    assert recurrent._pick_backend(make_rnn("rssm"), device) == "loop"
+    assert recurrent._pick_backend(MinGRUCell(F, H), device, B) == "scan"
+    assert recurrent._pick_backend(nn.GRU(F, 64), device, 8) == "fused"  # the main job's size
+    assert recurrent._pick_backend(nn.GRU(F, 256), device, 32) == "loop"  # bench_recurrent's CPU preset
+    assert recurrent._pick_backend(nn.LSTM(F, H), device, B) == "loop"
+    assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda"), B) == "packed"
+    assert recurrent._pick_backend(make_rnn("pair"), device, B) == "scan"
+    assert recurrent._pick_backend(make_rnn("rssm"), device, B) == "loop"
 
 
 def test_under_no_grad():

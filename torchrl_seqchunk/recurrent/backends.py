@@ -224,12 +224,18 @@ def _scan_entry(a, b, h0, reset_value, reset):
     return b[:, 1:]
 
 
-def _pick_backend(rnn: nn.Module, device: torch.device) -> str:
+# fused beats loop for an nn.GRU on CPU up to about this many rows times hidden units (measured, one
+# thread, forward + backward: B=8 H=64 0.59x, B=32 H=64 0.82x to 0.92x, B=32 H=128 1.10x, B=64 H=64 1.14x)
+_FUSED_GRU_MAX_WIDTH = 2048
+
+
+def _pick_backend(rnn: nn.Module, device: torch.device, batch: int) -> str:
     if hasattr(rnn, "linear_coefficients"):
         return "scan"
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
-    if isinstance(rnn, nn.GRU):  # CPU: PyTorch's own GRU backward runs op by op
+    # small CPU batches: PyTorch's own GRU backward runs op by op, the fused one batches it
+    if isinstance(rnn, nn.GRU) and batch * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH:
         return "fused"
     return "loop"
 
@@ -265,7 +271,7 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 f"{[list(v.shape) for v in reset_state]}."
             ) from err
     if backend == "auto":
-        backend = _pick_backend(rnn, x.device)
+        backend = _pick_backend(rnn, x.device, batch)
     if backend == "loop":
         return _loop(rnn, x, reset, h0, reset_state, layout=layout)
     if backend == "packed":

@@ -61,14 +61,15 @@ def rnn_with_resets(
             call per reset-free time segment when resets fall on few steps; any
             rnn), ``"fused"`` (``nn.GRU`` / ``nn.LSTM`` without ``proj_size``: one
             autograd node per layer whose backward through time is written out;
-            the CPU path for ``nn.GRU``, whose own CPU backward runs op by op),
+            the CPU path for small ``nn.GRU`` batches, ``B * H <= 2048``, where
+            PyTorch's own CPU backward runs op by op),
             ``"packed"`` (reset-free row segments in one packed native call; the
             GPU path, ``nn.GRU``/``nn.LSTM`` only), ``"scan"`` (parallel prefix
             scan, only for cells with ``linear_coefficients(x) -> (a, b)``, ``a``
             and ``b`` ``[B, T]`` structured like the state, such as
             :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
             ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
-            ``nn.GRU``, else ``loop``). Default ``"auto"``.
+            ``nn.GRU`` with ``B * H <= 2048``, else ``loop``). Default ``"auto"``.
 
     Returns:
         ``(y, h_last)``: ``y`` is ``[B, T, H_out]`` (a TensorDict ``[B, T]`` of
