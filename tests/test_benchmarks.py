@@ -122,6 +122,8 @@ def test_memory_resume_refuses_runs_that_do_not_record_their_settings(tmp_path):
     ("bench_boundary.py", ["--windows", "0,4"], "--windows must be in [1, 32]"),
     ("bench_boundary.py", ["--modes", "mask"], "reset_continue first"),
     ("bench_learning.py", ["--seeds", "-1"], "--seeds must be >= 0"),
+    ("bench_learning.py", ["--sides", "previous,ours"], "give ours first"),
+    ("bench_learning.py", ["--stop-at-target", "sb3"], "sb3's runs go to --frames"),
     ("ablation_learning.py", ["--jobs", "0"], "--jobs must be >= 1"),
     ("bench_sampler.py", ["--min-episode", "50", "--max-episode", "10"],
      "--min-episode 50 must be <= --max-episode 10"),
