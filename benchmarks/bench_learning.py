@@ -8,7 +8,7 @@ undiscounted return of the last 20 finished training episodes first reaches 450,
 wall seconds until then (a run that never gets there counts as the frame cap and its whole
 wall time).
 
-- ours: ``examples/recurrent_ppo.py`` with its defaults (``--frames`` frames);
+- ours: ``examples/recurrent_ppo.py`` with its defaults but for ``--options`` (``--frames`` frames);
 - sb3-contrib 2.9.2 ``RecurrentPPO`` with the rl-zoo ``ppo_lstm`` hyperparameters for
   CartPoleNoVel-v1, unchanged: VecNormalize (gamma 0.98), 8 envs x 32 steps, batch 256,
   20 epochs, gamma 0.98, GAE lambda 0.8, no entropy bonus, learning rate and clip range
@@ -16,18 +16,26 @@ wall time).
   ``--frames``), ``MlpLstmPolicy`` with an LSTM of 64 for the actor and one for the critic,
   ReLU heads of 64, no orthogonal init.
 
-Prints a per-seed table, ``RATIO frames_to_450_vs_sb3 <median ours / median sb3>``,
-``RATIO wall_to_450_vs_sb3`` and each side's final mean return; writes
-``learning.csv`` (one row per rollout of each run) and ``learning_curves.png`` (mean and
-range over seeds) under ``--out``. Needs the ``bench`` extra (``pip install -e ".[bench]"``).
+- defaults (``--sides ours,defaults``): the main job with its defaults, beside ours with
+  ``--options`` (a recipe under test, e.g. ``gamma=0.99,env_batching=vector``), for the same frames.
 
-    python benchmarks/bench_learning.py                    # seeds 0, 1, 2
-    python benchmarks/bench_learning.py --seeds 3,4
+Prints a per-seed table, ``RATIO frames_to_450_vs_<side> <median ours / median side>`` and
+``RATIO wall_to_450_vs_<side>`` for every other side, and each side's final mean return
+and how many runs ended at or above 450; writes ``learning.csv`` (one row per rollout of
+each run) and ``learning_curves.png`` (mean and range over seeds) under ``--out``. sb3
+needs the ``bench`` extra (``pip install -e ".[bench]"``).
+
+    python benchmarks/bench_learning.py                    # seeds 0, 1, 2; ours and sb3
+    python benchmarks/bench_learning.py --seeds 11,12,13,14,15 --sides ours,defaults \
+        --options gamma=0.99,env_batching=vector --stop-at-target defaults
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import functools
+import typing
 import statistics
 import tempfile
 import time
@@ -42,6 +50,7 @@ from tqdm import tqdm
 from torchrl_seqchunk import MaskObservation
 
 TARGET, WINDOW, KEEP = 450.0, 20, (0, 2)
+SET_HERE = ("seed", "total_frames", "runs_dir", "name", "progress", "stop_at_target")  # not --options
 
 
 def masked_cartpole() -> gym.Env:
@@ -56,6 +65,28 @@ def run_ours(seed: int, frames: int, **options) -> list[dict]:
         cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False, **options)
         rows = job.main(cfg)  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
+
+
+def recipe(text: str) -> dict:
+    """``--options`` ``"name=value,..."``: fields of the main job's Config, each converted to the
+    field's type and checked as the main job checks it; a ValueError names the item and the fix."""
+    job = load_main_job()
+    fields, hints = {f.name: f for f in dataclasses.fields(job.Config)}, typing.get_type_hints(job.Config)
+    chosen = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in fields or name in SET_HERE or not value:
+            raise ValueError(f"--options {item!r}: give name=value, name a field of the main job's Config that the "
+                             f"benchmark does not set itself ({', '.join(SET_HERE)}), e.g. gamma=0.99")
+        kind, choices = type(fields[name].default), typing.get_args(hints[name])
+        try:
+            chosen[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
+        except (KeyError, ValueError):
+            raise ValueError(f"--options {item!r}: {name} takes a {kind.__name__}") from None
+        if typing.get_origin(hints[name]) is typing.Literal and value not in choices:
+            raise ValueError(f"--options {item!r}: {name} is one of {choices}")
+    job.Config(**chosen).check()
+    return chosen
 
 
 def train_sb3(model, frames: int) -> list[dict]:
@@ -166,16 +197,40 @@ def plot(curves: dict, path: Path) -> None:
     plt.close(fig)
 
 
+SIDES = ("ours", "defaults", "sb3")
+
+
+def check_sides(args) -> None:
+    """``--sides`` (ours first: the ratios are ours over each other side), ``--stop-at-target``, ``--options``."""
+    args.sides = options.names("sides", args.sides, SIDES)
+    if args.sides[0] != "ours" or len(args.sides) < 2:
+        raise ValueError(f"--sides {','.join(args.sides)}: give ours first and at least one side to compare "
+                         "it with, e.g. --sides ours,defaults")
+    args.options = recipe(args.options)
+    args.stop_at_target = options.names("stop_at_target", args.stop_at_target, args.sides) if args.stop_at_target else []
+    if "sb3" in args.stop_at_target:
+        raise ValueError("--stop-at-target: sb3's runs go to --frames; name sides of the main job only")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--frames", type=int, default=100_000,
                         help="frames per run, also the cap counted for a miss (default 100000)")
+    parser.add_argument("--sides", default="ours,sb3",
+                        help=f"comma-separated, ours first, from {SIDES} (default ours,sb3)")
+    parser.add_argument("--options", default="",
+                        help="ours: the main job's Config fields that differ from its defaults, e.g. "
+                             "gamma=0.99,env_batching=vector (default none)")
+    parser.add_argument("--stop-at-target", default="",
+                        help="comma-separated sides of the main job (ours, defaults) whose runs end at the target: "
+                             "the same frames to 450 (the schedules keep --frames), no final return (default none)")
     parser.add_argument("--out", default="runs/bench_learning", help="output folder (default runs/bench_learning)")
-    args = options.parse(parser, ints={"frames": 1}, int_lists={"seeds": 0})
+    args = options.parse(parser, ints={"frames": 1}, int_lists={"seeds": 0}, check=check_sides)
     torch.set_num_threads(1)
     seeds = args.seeds
-    runners = {"ours": run_ours, "sb3": run_sb3}
+    runners = {"ours": functools.partial(run_ours, **args.options), "defaults": run_ours, "sb3": run_sb3}
+    runners = {side: runners[side] for side in args.sides}
     curves, results = {side: [] for side in runners}, {side: [] for side in runners}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -184,23 +239,26 @@ def main() -> None:
         writer.writeheader()
         for seed in tqdm(seeds, desc="seeds"):
             for side, run in runners.items():
-                rows = run(seed, args.frames)
+                rows = run(seed, args.frames, **({"stop_at_target": True} if side in args.stop_at_target else {}))
                 writer.writerows({"side": side, "seed": seed, **r} for r in rows)
                 curves[side].append(rows)
                 results[side].append(summary(rows, args.frames))
-    print(f"{'seed':>4} {'side':>5} {'frames_to_450':>14} {'wall_to_450_s':>14} {'final_return':>13}")
+    print(f"{'seed':>4} {'side':>8} {'frames_to_450':>14} {'wall_to_450_s':>14} {'final_return':>13}")
     for i, seed in enumerate(seeds):
         for side in runners:
             r = results[side][i]
             mark = "" if r["reached"] else " (never)"
-            print(f"{seed:>4} {side:>5} {r['frames_to_450']:>14}{mark} {r['wall_to_450']:>14.1f} {r['final_return']:>13.1f}")
+            final = "stopped" if side in args.stop_at_target else f"{r['final_return']:.1f}"
+            print(f"{seed:>4} {side:>8} {r['frames_to_450']:>14}{mark} {r['wall_to_450']:>14.1f} {final:>13}")
     median = {side: {k: statistics.median(r[k] for r in results[side]) for k in ("frames_to_450", "wall_to_450")}
               for side in runners}
-    print(f"RATIO frames_to_450_vs_sb3 {median['ours']['frames_to_450'] / median['sb3']['frames_to_450']:.3f}")
-    print(f"RATIO wall_to_450_vs_sb3 {median['ours']['wall_to_450'] / median['sb3']['wall_to_450']:.3f}")
-    for side in runners:
+    for side in args.sides[1:]:
+        for k in ("frames_to_450", "wall_to_450"):
+            print(f"RATIO {k}_vs_{side} {median['ours'][k] / median[side][k]:.3f}")
+    for side in (s for s in runners if s not in args.stop_at_target):
         finals = [round(r["final_return"], 1) for r in results[side]]
-        print(f"final_return {side} {finals} reached {sum(r['reached'] for r in results[side])}/{len(seeds)}")
+        print(f"final_return {side} {finals} reached {sum(r['reached'] for r in results[side])}/{len(seeds)} "
+              f"ended >= {TARGET:g} {sum(f >= TARGET for f in finals)}/{len(seeds)}")
     plot(curves, out / "learning_curves.png")
     print(f"wrote {out / 'learning.csv'} and {out / 'learning_curves.png'}")
 
