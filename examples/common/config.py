@@ -39,8 +39,8 @@ class RunConfig:
     """torch intra-op threads; small models run fastest on one"""
     num_envs: int = 8
     """envs stepped by the collector"""
-    env_batching: Literal["vector", "serial", "parallel"] = "serial"
-    """how the envs are stepped: serial (TorchRL SerialEnv), vector (one in-process gymnasium vector env, faster for cheap envs; VecNormV2's statistics part from serial's at the first partial reset), parallel (ParallelEnv workers)"""
+    env_batching: Literal["vector", "serial", "parallel"] = "vector"
+    """how the envs are stepped: vector (one in-process gymnasium vector env, several times faster for cheap envs; the same run as serial, step for step), serial (TorchRL SerialEnv), parallel (ParallelEnv workers)"""
     name: str = ""
     """run directory name under --runs-dir; "" derives it from the options"""
     runs_dir: str = "runs"
