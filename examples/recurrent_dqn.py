@@ -13,8 +13,8 @@ from replay, everything else equal:
     python examples/recurrent_dqn.py --env popgym:popgym-RepeatPreviousEasy-v0
 
 Pipeline per iteration:
-  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2: the
-     masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
+  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
+     RunningObservationNorm: the masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
      so the buffer stores the memory it had at every step;
   2. the batch goes into a TensorDictReplayBuffer, only the keys the recipe trains on (the
      stored memory only where a window starts from it): flat for StreamChunkSampler(B, T),

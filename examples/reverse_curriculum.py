@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -234,6 +235,9 @@ def main(cfg: Config) -> list[dict]:
     spread = cfg.spread or max(1, min(16, len(demo) // 2))
     manager = (ResetManager(len(demo), cfg.num_envs, window=spread, move_threshold=cfg.move_threshold,
                             nudge=cfg.nudge) if cfg.curriculum else None)
+    # one set of statistics over all envs (its evaluation reads them through to_observation_norm);
+    # TorchRL calls VecNormV2 over a batched env experimental and says so at every build
+    warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
     vecnorm = VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)
     env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed,
                    transforms=[vecnorm, ReturnScaledReward(gamma=cfg.gamma)])
