@@ -237,3 +237,18 @@ def test_distributed_benchmark_ratios_follow_from_its_measurements(tmp_path):
     assert printed == pytest.approx(expected, abs=6e-4)
     assert all(value > 0 for value in m.values())
     assert 0 <= m["wait_fraction_local"] <= 1 and 0 <= m["wait_fraction_ray"] <= 1
+
+
+@pytest.mark.slow
+def test_throughput_ratios_follow_from_its_measurements(tmp_path):
+    out = run_bench("bench_throughput.py", "--quick", "--out", str(tmp_path))
+    figures = {row["name"]: float(row["value"]) for row in csv.DictReader(open(tmp_path / "throughput.csv"))}
+    printed = {name: float(value) for name, value in re.findall(r"^RATIO (\S+) (\S+)$", out, flags=re.M)}
+    for ratio, (top, bottom) in {"collect_vs_env_limit": ("collect_fps", "env_fps_raw"),
+                                 "update_vs_compute_limit": ("update_s", "compute_s"),
+                                 "fast_vs_serial": ("main_job_fps_fast", "main_job_fps_serial"),
+                                 "vector_env_vs_serial_env": ("env_fps_vector", "env_fps_serial")}.items():
+        assert figures[ratio] == pytest.approx(figures[top] / figures[bottom], rel=1e-6), ratio
+        assert printed[ratio] == pytest.approx(figures[ratio], abs=1e-3), ratio  # printed to 3 decimals
+    assert figures["frame_us_env"] > 0 and figures["frame_us_update"] > 0
+    assert (tmp_path / "breakdown.png").stat().st_size > 1000
