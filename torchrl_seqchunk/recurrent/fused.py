@@ -63,10 +63,6 @@ def _gru_cell(x_t, state, weights):
     return (torch.gru_cell(x_t, state[0], *weights),)
 
 
-def _lstm_cell(x_t, state, weights):
-    return torch.lstm_cell(x_t, state, *weights)
-
-
 def _backward_through_time(step, grads_last, dy, reset, count: int):
     """Run ``step(t, grads) -> grads before step t`` from ``T - 1`` down to 0.
 
@@ -182,7 +178,7 @@ class _LSTMLayer(torch.autograd.Function):
         hp, cp, sig, g, tanh_c = (torch.stack(kept[name]) for name in kept)  # [T, B, *]
         y = (sig[..., 3 * size:] * tanh_c).transpose(0, 1).contiguous()
         ctx.save_for_backward(x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh)
-        ctx.has_value, ctx.has_bias = h_value is not None, (b_ih is not None, b_hh is not None)
+        ctx.has_value = h_value is not None
         return y, h, c
 
     @staticmethod
@@ -194,32 +190,22 @@ class _LSTMLayer(torch.autograd.Function):
         k_h = o * (1 - tanh_c * tanh_c)  # dc_t += dh_t * k_h
         k_c = torch.stack([g * i * (1 - i), cp * f * (1 - f), i * (1 - g * g)], -2)  # d(i, f, g) = dc_t * k_c
         k_o = tanh_c * o * (1 - o)  # d o = dh_t * k_o
-        steps = hp.shape[0]
-        dy = torch.zeros_like(hp) if dy is None else dy.transpose(0, 1)
-        dh = _zero_if_none(dh_last, hp[0])
-        dc = _zero_if_none(dc_last, cp[0])
-        d_gates = hp.new_empty(steps, hp.shape[1], 4, size)  # gates i, f, g, o
-        resets_at = reset.any(0).tolist()
-        mask = reset.t().unsqueeze(-1)
-        h_before, c_before = [None] * steps, [None] * steps
-        for t in range(steps - 1, -1, -1):
-            dh = dh + dy[t]
+        d_gates = hp.new_empty(hp.shape[0], hp.shape[1], 4, size)  # [T, B, gates i f g o, H], filled by step
+
+        def step(t, grads):
+            dh, dc = grads
             dc = torch.addcmul(dc, dh, k_h[t])
             torch.mul(dc.unsqueeze(1), k_c[t], out=d_gates[t, :, :3])
             torch.mul(dh, k_o[t], out=d_gates[t, :, 3])
-            dh, dc = d_gates[t].view(-1, 4 * size) @ w_hh, dc * f[t]
-            h_before[t], c_before[t] = dh, dc
-            if resets_at[t]:
-                dh, dc = dh.masked_fill(mask[t], 0.0), dc.masked_fill(mask[t], 0.0)
+            return [d_gates[t].view(-1, 4 * size) @ w_hh, dc * f[t]]
+
+        _, (h_before, c_before), (dh0, dc0) = _backward_through_time(
+            step, [_zero_if_none(dh_last, hp[0]), _zero_if_none(dc_last, cp[0])],
+            _zero_if_none(dy, hp.transpose(0, 1)), reset, hp.shape[0])
+        d_gates = d_gates.view(hp.shape[0], -1, 4 * size)
         need = ctx.needs_input_grad
-        d_gates = d_gates.view(steps, -1, 4 * size)
-        flat = d_gates.view(-1, 4 * size)
-        dx = (d_gates @ w_ih).transpose(0, 1) if need[0] else None
-        dw_ih = flat.T @ x.transpose(0, 1).reshape(-1, x.shape[-1]) if need[6] else None
-        dw_hh = flat.T @ hp.reshape(-1, size) if need[7] else None
-        db = flat.sum(0) if need[8] or need[9] else None
-        value_grads = [None, None]
-        if ctx.has_value:
-            value_grads = [torch.stack(parts, 1).masked_fill(~reset.unsqueeze(-1), 0.0) for parts in (h_before, c_before)]
-        return (dx, None, dh, dc, *value_grads, dw_ih, dw_hh,
-                db if ctx.has_bias[0] else None, db if ctx.has_bias[1] else None)
+        dx, dw_ih, dw_hh, db_ih, db_hh = _weight_grads(need[:1] + need[6:], x.transpose(0, 1), hp,
+                                                       (d_gates, d_gates), w_ih)  # time-major
+        return (None if dx is None else dx.transpose(0, 1), None, dh0, dc0,
+                _reset_value_grad(h_before, reset, ctx.has_value), _reset_value_grad(c_before, reset, ctx.has_value),
+                dw_ih, dw_hh, db_ih, db_hh)
