@@ -17,6 +17,8 @@ from tensordict import NestedKey, TensorDictBase
 from torchrl.data import Unbounded
 from torchrl.envs.transforms import Transform
 
+from ._checks import check_real
+
 __all__ = ["ReturnScaledReward", "RunningObservationNorm"]
 
 
@@ -140,7 +142,7 @@ class RunningObservationNorm(Transform):
         eps (float): floor of the standard deviation (> 0). Default 1e-4, ``VecNormV2``'s.
 
     Raises:
-        ValueError: ``eps`` not positive.
+        ValueError: ``eps`` not positive or not finite. TypeError: ``eps`` not a real number.
 
     Examples:
         >>> from torchrl.envs import GymEnv, TransformedEnv
@@ -151,10 +153,9 @@ class RunningObservationNorm(Transform):
     """
 
     def __init__(self, *, in_key: NestedKey = "observation", eps: float = 1e-4):
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps}.")
+        eps = check_real("eps", eps, low=0.0, open_low=True)
         super().__init__(in_keys=[in_key], out_keys=[in_key])
-        self.key, self.eps = in_key, float(eps)
+        self.key, self.eps = in_key, eps
         for name in ("mean", "var"):  # [*F], shaped by the first observation
             self.register_buffer(name, torch.zeros(0, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
