@@ -9,9 +9,11 @@ and pole angle only), so it must infer velocities from memory.
     python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
 
 Pipeline per iteration:
-  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
+  1. a collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
      rewards scaled by ReturnScaledReward); the actor and critic run ResetRNN in step
-     mode, so the rollout stores the memory each of them had at every step;
+     mode, so the rollout stores the memory each of them had at every step. On the default
+     `--env-batching vector` that is VectorEnvCollector (the rollouts of TorchRL's Collector,
+     stepped on plain tensors), on `serial` / `parallel` TorchRL's Collector;
   2. boundary_gae computes advantages on the rollout [num_envs, T];
   3. the batching turns the rollout into batches: `--batching windows` cuts windows [N, W]
      that RecurrentPPOLoss unrolls with `--boundary-mode`; `--batching streams` reads the
@@ -25,6 +27,8 @@ from __future__ import annotations
 import torch
 from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
+
+from torchrl_seqchunk import VectorEnvCollector
 
 from common import options
 from common.agent import make_agent
@@ -41,9 +45,11 @@ def parse_args(argv=None) -> Config:
     return cfg
 
 
-def make_collector(cfg: Config, env, policy, frames_per_batch: int, total_frames: int) -> Collector:
-    """The collector of the run: steps ``env`` with ``policy`` (actor then critic, both storing their memory)."""
-    return Collector(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device)
+def make_collector(cfg: Config, env, policy, frames_per_batch: int, total_frames: int):
+    """The collector of the run: steps ``env`` with ``policy`` (actor then critic, both storing their
+    memory); on the in-process vector env, VectorEnvCollector (the same rollouts, no per-step TensorDict work)."""
+    kind = VectorEnvCollector if cfg.env_batching == "vector" else Collector
+    return kind(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device)
 
 
 def main(cfg: Config) -> list[dict]:

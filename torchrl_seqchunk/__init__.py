@@ -24,6 +24,8 @@ _EXPORTS = {
     "record_demo": "curriculum.demo",
     "ResetManager": "curriculum.manager",
     "ReverseCurriculum": "curriculum.transform",
+    "VectorEnvCollector": "collect.collector",
+    "tensor_policy": "collect.policy",
     "EncodeObservation": "envs",
     "MaskObservation": "envs",
     "ReturnScaledReward": "reward_norm",

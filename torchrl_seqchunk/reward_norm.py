@@ -97,8 +97,21 @@ class ReturnScaledReward(Transform):
         self._return = None  # [*batch, 1] discounted return of every env's current episode
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        reward = next_tensordict.get(self.reward_key)
-        done = next_tensordict.get(self.done_key)
+        reward = self.scale(next_tensordict.get(self.reward_key), next_tensordict.get(self.done_key))
+        next_tensordict.set(self.reward_key, reward)
+        return next_tensordict
+
+    def scale(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """One step of every env on plain tensors: updates the returns and the statistics and
+        returns the scaled reward (what :meth:`_step` writes).
+
+        Args:
+            reward (Tensor): float ``[*batch, 1]``, the raw reward of the step.
+            done (Tensor): bool ``[*batch, 1]``, True where the step ends an episode.
+
+        Raises:
+            ValueError: if ``done`` and ``reward`` differ in shape.
+        """
         if done.shape != reward.shape:
             raise ValueError(
                 f"done_key {self.done_key!r} has shape {list(done.shape)}, the reward "
@@ -109,19 +122,21 @@ class ReturnScaledReward(Transform):
         self._return = self._return * self.gamma + reward
         _merge_moments(self.mean, self.var, self.count, self._return.reshape(-1))
         scale = torch.sqrt(self.var + self.eps).to(reward.dtype)
-        next_tensordict.set(self.reward_key, (reward / scale).clamp(-self.clip, self.clip))
         self._return = self._return.masked_fill(done, 0.0)
-        return next_tensordict
+        return (reward / scale).clamp(-self.clip, self.clip)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
-        # envs reset without a done step (e.g. a collector's reset_at_each_iter) start a new return
+        self.reset_returns(tensordict.get("_reset", None) if tensordict is not None else None)
+        return tensordict_reset
+
+    def reset_returns(self, mask: torch.Tensor | None = None) -> None:
+        """Start a new return where ``mask`` (bool ``[*batch]`` or ``[*batch, 1]``; ``None``:
+        every env): envs reset without a done step, e.g. a collector's ``reset_at_each_iter``."""
         if self._return is not None:
-            reset = tensordict.get("_reset", None) if tensordict is not None else None
-            if reset is None:
+            if mask is None:
                 self._return = torch.zeros_like(self._return)
             else:
-                self._return = self._return.masked_fill(reset.reshape(self._return.shape), 0.0)
-        return tensordict_reset
+                self._return = self._return.masked_fill(mask.reshape(self._return.shape), 0.0)
 
 
 class RunningObservationNorm(Transform):
@@ -166,9 +181,24 @@ class RunningObservationNorm(Transform):
                 setattr(self, name, torch.empty_like(state_dict[prefix + name]))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _normalize(self, data: TensorDictBase, counted: torch.Tensor | None) -> TensorDictBase:
-        obs = data.get(self.key)
-        features = obs.shape[data.batch_dims:]
+    def normalize(self, obs: torch.Tensor, *, batch_dims: int = 1, counted: torch.Tensor | None = None) -> torch.Tensor:
+        """Merges observations into the statistics and returns them normalized, on plain tensors.
+
+        Args:
+            obs (Tensor): float ``[*batch, *F]``, ``batch_dims`` leading dims of envs.
+
+        Keyword Args:
+            batch_dims (int): how many leading dims of ``obs`` are the env batch. Default 1.
+            counted (Tensor, optional): bool ``[batch.numel()]``, the rows merged into the
+                statistics (a partial reset's envs reset); ``None``: every row.
+
+        Returns:
+            Tensor: ``(obs - mean) / max(sqrt(var), eps)``, the shape and dtype of ``obs``.
+
+        Raises:
+            ValueError: if the features ``F`` differ from those the statistics were made for.
+        """
+        features = obs.shape[batch_dims:]
         if self.mean.shape != features:
             if self.count:
                 raise ValueError(f"{self.key!r} has features {list(features)}, the statistics "
@@ -178,15 +208,19 @@ class RunningObservationNorm(Transform):
         rows = obs.reshape(-1, *features)
         _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted])
         scale = self.var.sqrt().clamp_min(self.eps)
-        data.set(self.key, ((obs - self.mean) / scale).to(obs.dtype))
-        return data
+        return ((obs - self.mean) / scale).to(obs.dtype)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        return self._normalize(next_tensordict, None)
+        obs = next_tensordict.get(self.key)
+        next_tensordict.set(self.key, self.normalize(obs, batch_dims=next_tensordict.batch_dims))
+        return next_tensordict
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         reset = tensordict.get("_reset", None) if tensordict is not None else None
-        return self._normalize(tensordict_reset, None if reset is None else reset.reshape(-1))
+        obs = tensordict_reset.get(self.key)
+        tensordict_reset.set(self.key, self.normalize(obs, batch_dims=tensordict_reset.batch_dims,
+                                                      counted=None if reset is None else reset.reshape(-1)))
+        return tensordict_reset
 
     def transform_observation_spec(self, observation_spec):
         spec = observation_spec[self.key]  # normalized values leave the observation's bounds

@@ -377,6 +377,34 @@ class ResetRNN(TensorDictModuleBase):
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
 
+    def step(self, x: torch.Tensor, state, reset: torch.Tensor) -> tuple:
+        """One step of each env on plain tensors: step mode without a TensorDict.
+
+        Args:
+            x (Tensor): input features ``[N, F]`` (float, the rnn's dtype).
+            state (tuple of Tensor or None): the state each row ended its previous step with,
+                one ``[N, *S]`` tensor per entry of :attr:`state_keys` (``None``: absent,
+                allowed only where every row resets, as at a collector's first step).
+            reset (Tensor): ``[N]`` or ``[N, 1]``, any dtype, non-zero where an episode starts
+                (TorchRL's ``is_init``): that row starts from the initial state.
+
+        Returns:
+            ``(y, used, new)``: the output ``[N, H_out]``, the state the step started from and
+            the state after it, as tuples of ``[N, *S]`` (what step mode writes at the root state
+            keys and under ``("next", *state_key)``). For a TensorDict state, ``y`` is that
+            TensorDict.
+
+        Raises:
+            ValueError / TypeError: as step mode (a state absent where a row does not reset, an
+                entry of the wrong shape or dtype).
+        """
+        reset = _reset_mask(reset, (x.shape[0],), "reset").to(x.device)
+        initial = None if self.initial is None else tuple(self.initial)
+        stored = [None] * len(self.state_keys) if state is None else list(state)
+        used = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, x.shape[:1])
+        y, new = step_once(self.rnn, self._layout, x, used)
+        return y, used, new
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
         if not shape.numel():
@@ -389,7 +417,8 @@ class ResetRNN(TensorDictModuleBase):
         x = self._get(rows, self.in_key, "in_key")
         reset = step_flags(rows, self.init_key, self.is_first_key)
         initial = None if self.initial is None else tuple(self.initial)
-        state = step_state(rows, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
+        stored = [rows.get(k, None) for k in self.state_keys]
+        state = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
         y, new = step_once(self.rnn, self._layout, x, state)
         unflat = (lambda v: v) if flat else (lambda v: v.reshape(*shape, *v.shape[1:]))
         for key, next_key, used, nxt in zip(self.state_keys, self._next_keys, state, new):

@@ -29,14 +29,14 @@ def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
     return _reset_mask(flags, (rows.shape[0],), "is_first")
 
 
-def step_state(rows, reset, initial, keys: list, shapes: list, dtype, batch_shape) -> tuple:
+def step_state(stored: list, reset, initial, keys: list, shapes: list, dtype, batch_shape) -> tuple:
     """The state each row starts its step from: the stored one, the initial one where ``reset``.
 
+    ``stored`` holds each state entry ``[N, *S]`` (or ``None`` where absent), named by ``keys``;
     ``initial`` is ``None`` (zeros) or a tuple of one row's learned initial entries ``[*S]``.
     Raises ``ValueError`` for an entry absent where a row does not reset or of the wrong
     shape, ``TypeError`` for an entry of another dtype than ``dtype``.
     """
-    stored = [rows.get(k, None) for k in keys]
     missing = [k for k, h in zip(keys, stored) if h is None]
     if missing and not bool(reset.all()):
         raise ValueError(

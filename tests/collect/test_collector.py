@@ -1,0 +1,114 @@
+"""VectorEnvCollector against TorchRL's Collector on the same env, policy and seeds: the same
+rollouts, key for key and value for value; and what it refuses."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
+from torchrl_seqchunk.envs import make_masked_env, make_vector_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from common.agent import make_agent  # noqa: E402  examples/common: the main job's agent
+from common.config import Config  # noqa: E402
+from common.envs import make_acting_env, make_env  # noqa: E402
+
+
+def rollouts(kind, cfg, seed: int, batches: int) -> list:
+    torch.manual_seed(seed)
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    env = make_acting_env(cfg, rnns, seed)
+    per_batch = cfg.num_envs * cfg.rollout_len
+    collector = kind(env, TensorDictSequential(actor, critic), frames_per_batch=per_batch,
+                     total_frames=batches * per_batch)
+    torch.manual_seed(seed + 1)  # the actions' draws
+    out = list(collector)
+    collector.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("options", [
+    dict(env="CartPole-v1", max_episode_steps=19, cell="gru"),  # truncations and terminations inside rollouts
+    dict(env="Pendulum-v1", keep="all", max_episode_steps=21, cell="lstm"),  # TanhNormal actions, (h, c) state
+])
+def test_rollouts_are_the_collectors(options):
+    cfg = Config(**options, num_envs=3, rollout_len=16, progress=False)
+    theirs, ours = rollouts(Collector, cfg, 5, 3), rollouts(VectorEnvCollector, cfg, 5, 3)
+    assert set(ours[0].keys(True, True)) == set(theirs[0].keys(True, True))
+    for mine, want in zip(ours, theirs):
+        assert mine.batch_size == want.batch_size == torch.Size([3, 16])
+        for key in want.keys(True, True):
+            assert torch.equal(mine[key], want[key]), key
+    flags = torch.cat([r["next", "truncated"] for r in ours])
+    assert flags.any() and torch.cat([r["is_init"] for r in ours])[:, 1:].any()
+    if options["env"] == "CartPole-v1":
+        assert torch.cat([r["next", "terminated"] for r in ours]).any()
+        # trajectory ids as the Collector numbers them: 0..N-1 first, then one new id per episode start
+        ids = ours[0]["collector", "traj_ids"]
+        assert ids[:, 0].tolist() == [0, 1, 2]
+
+
+def vector_env(*transforms, num_envs=2):
+    env = TransformedEnv(make_vector_env("CartPole-v1", num_envs), Compose(*transforms))
+    env.set_seed(0)
+    return env
+
+
+def first_action(obs):  # always push right: the pole falls within a few dozen steps
+    return nn.functional.one_hot(torch.ones(obs.shape[0], dtype=torch.long), 2)
+
+
+POLICY = TensorDictModule(first_action, ["observation"], ["action"])
+
+
+def test_episode_returns_and_flags_by_hand():
+    # a fixed policy on CartPole: the raw return counts steps; each env's first episode ends
+    # where its "done" first shows, and the next step is an episode start
+    env = vector_env(InitTracker(), RewardSum(), RunningObservationNorm(), ReturnScaledReward(gamma=0.9))
+    rollout = next(iter(VectorEnvCollector(env, POLICY, frames_per_batch=2 * 60, total_frames=120)))
+    done = rollout["next", "done"].squeeze(-1)
+    for row in range(2):
+        end = int(done[row].nonzero()[0])
+        assert rollout["next", "episode_reward"][row, : end + 1].squeeze(-1).tolist() == list(range(1, end + 2))
+        assert bool(rollout["is_init"][row, end + 1]) and not rollout["is_init"][row, 1: end + 1].any()
+        assert rollout["episode_reward"][row, end + 1].item() == 0.0
+        assert rollout["collector", "traj_ids"][row, end + 1].item() >= 2  # a new trajectory
+    assert not rollout["done"].any()  # root flags follow a reset or a step that went on
+    assert rollout["next", "reward"].abs().max() <= 10.0  # scaled and clipped, not the raw 1
+
+
+def test_refusals():
+    with pytest.raises(TypeError, match="SyncVectorGymWrapper"):
+        VectorEnvCollector(TransformedEnv(SerialEnv(2, lambda: make_masked_env("CartPole-v1")), InitTracker()),
+                           POLICY, frames_per_batch=4)
+    with pytest.raises(TypeError, match="StepCounter"):
+        VectorEnvCollector(vector_env(InitTracker(), StepCounter()), POLICY, frames_per_batch=4)
+    with pytest.raises(ValueError, match="before RewardSum"):
+        VectorEnvCollector(vector_env(ReturnScaledReward(), RewardSum()), POLICY, frames_per_batch=4)
+    with pytest.raises(ValueError, match="default keys"):
+        VectorEnvCollector(vector_env(InitTracker(init_key="is_first")), POLICY, frames_per_batch=4)
+    with pytest.raises(ValueError, match="multiple of the env batch"):
+        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=5)
+    with pytest.raises(ValueError, match="total_frames"):
+        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
+    with pytest.raises(TypeError, match="Collector"):
+        tensor_policy(nn.Linear(2, 2))
+
+
+def test_reset_rnn_step_on_tensors_is_step_mode():
+    rnn = ResetRNN(nn.LSTM(3, 5, batch_first=True), in_key="x", default_recurrent_mode=False)
+    x, reset = torch.randn(4, 3), torch.tensor([True, False, True, False])
+    state = (torch.randn(4, 1, 5), torch.randn(4, 1, 5))
+    y, used, new = rnn.step(x, state, reset)
+    from tensordict import TensorDict
+    td = rnn(TensorDict({"x": x, "is_init": reset.unsqueeze(-1), ("recurrent_state", "h"): state[0],
+                         ("recurrent_state", "c"): state[1]}, [4]))
+    assert torch.equal(y, td["features"]) and torch.equal(new[0], td["next", "recurrent_state", "h"])
+    assert used[0][0].abs().sum() == 0 and torch.equal(used[1][1], state[1][1])  # reset row 0, kept row 1
+    with pytest.raises(ValueError, match="absent"):
+        rnn.step(x, None, reset)

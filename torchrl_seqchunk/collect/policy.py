@@ -1,0 +1,129 @@
+"""A TensorDict policy run on plain tensors: the acting step without TensorDict operations.
+
+:func:`tensor_policy` walks a policy made of ``TensorDictSequential``, ``TensorDictModule``,
+:class:`~torchrl_seqchunk.ResetRNN` (step mode) and a probabilistic module (TorchRL's
+``ProbabilisticActor``) once, and returns a function that calls the same modules, in the same
+order, on a ``dict`` of tensors keyed as the TensorDict would be. The values are those of the
+TensorDict call, draw for draw (the same modules, the same distribution, TorchRL's own
+``sample_and_log_prob``); only the per-step TensorDict work is gone.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tensordict import unravel_key
+from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.modules.distributions.utils import sample_and_log_prob
+
+from ..recurrent.module import ResetRNN
+
+__all__ = ["tensor_policy"]
+
+Step = Callable[[dict], None]
+
+
+def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
+    """The acting step of ``policy`` on plain tensors.
+
+    Args:
+        policy (nn.Module): a ``TensorDictSequential`` (``ProbabilisticActor``, actor and critic
+            in sequence, ...) whose leaves are ``TensorDictModule`` s (any ``nn.Module`` between
+            keys), :class:`~torchrl_seqchunk.ResetRNN` s (run in step mode) and
+            ``ProbabilisticTensorDictModule`` s (the action drawn as TorchRL's
+            ``ProbabilisticActor`` draws it in its random interaction mode).
+
+    Returns:
+        A function ``step(data) -> data``: ``data`` a ``dict`` from keys (strings or tuples, as
+        ``unravel_key`` gives them) to tensors ``[N, ...]`` holding the policy's inputs (the
+        observation, ``"is_init"`` ``[N, 1]``, each ResetRNN's state from the previous step, or
+        nothing at a step where every row resets); every module writes its outputs into it, as
+        into a TensorDict: a ResetRNN the state it used at its state keys and the new one under
+        ``("next", *state_key)``.
+
+    Raises:
+        TypeError: if a module of ``policy`` is none of these (the message names it); the fix is
+            TorchRL's ``Collector``, which runs any TensorDict module.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModule, TensorDictSequential
+        >>> from torch import nn
+        >>> from torchrl_seqchunk import ResetRNN
+        >>> policy = TensorDictSequential(
+        ...     TensorDictModule(nn.Linear(3, 8), ["observation"], ["embed"]),
+        ...     ResetRNN(nn.GRU(8, 8, batch_first=True), default_recurrent_mode=False))
+        >>> step = tensor_policy(policy)
+        >>> out = step({"observation": torch.randn(4, 3), "is_init": torch.ones(4, 1, dtype=torch.bool)})
+        >>> out["features"].shape, out["next", "recurrent_state"].shape
+        (torch.Size([4, 8]), torch.Size([4, 1, 8]))
+    """
+    steps = _steps(policy)
+
+    def step(data: dict) -> dict:
+        for run in steps:
+            run(data)
+        return data
+
+    return step
+
+
+def _steps(module: nn.Module) -> list[Step]:
+    if isinstance(module, ResetRNN):
+        return [_rnn_step(module)]
+    if isinstance(module, ProbabilisticTensorDictModule):
+        return [_sample_step(module)]
+    if isinstance(module, TensorDictSequential):
+        return [run for child in module.module for run in _steps(child)]
+    if isinstance(module, TensorDictModule):
+        return [_module_step(module)]
+    raise TypeError(
+        f"tensor_policy cannot run a {type(module).__name__} on plain tensors: it runs "
+        "TensorDictSequential, TensorDictModule, ResetRNN and ProbabilisticTensorDictModule. Step the "
+        "env with TorchRL's Collector instead (it runs any TensorDict module)."
+    )
+
+
+def _module_step(module: TensorDictModule) -> Step:
+    inner = module.module
+    in_keys = [unravel_key(k) for k in module.in_keys]
+    out_keys = [unravel_key(k) for k in module.out_keys]
+
+    def run(data: dict) -> None:
+        out = inner(*(data[k] for k in in_keys))
+        data.update(zip(out_keys, out if isinstance(out, tuple) else (out,)))
+
+    return run
+
+
+def _rnn_step(rnn: ResetRNN) -> Step:
+    next_keys = [unravel_key(("next", k)) for k in rnn.state_keys]
+
+    def run(data: dict) -> None:
+        reset = data.get(rnn.init_key)
+        if reset is None:
+            reset = data.get(rnn.is_first_key)
+        if reset is None:
+            raise ValueError(f"tensor_policy: the step's data holds neither {rnn.init_key!r} nor "
+                             f"{rnn.is_first_key!r}, the episode-start flags ResetRNN resets on.")
+        stored = [data.get(k) for k in rnn.state_keys]
+        y, used, new = rnn.step(data[rnn.in_key], None if all(s is None for s in stored) else stored, reset)
+        data[rnn.out_key] = y
+        data.update(zip(rnn.state_keys, used))
+        data.update(zip(next_keys, new))
+
+    return run
+
+
+def _sample_step(module: ProbabilisticTensorDictModule) -> Step:
+    if not module.return_log_prob or len(module.dist_sample_keys) != 1:
+        raise TypeError("tensor_policy runs a probabilistic module that draws one sample and returns its "
+                        "log-probability (return_log_prob=True); step this policy with TorchRL's Collector.")
+    sample_key, log_prob_key = unravel_key(module.dist_sample_keys[0]), unravel_key(module.log_prob_key)
+
+    def run(data: dict) -> None:
+        dist = module.get_dist(data)  # reads the parameters with .get, as from a TensorDict
+        sample, log_prob = sample_and_log_prob(dist, (), reparameterize=dist.has_rsample)
+        data[sample_key], data[log_prob_key] = sample, log_prob
+
+    return run
