@@ -11,9 +11,9 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 - ``fast_vs_serial``: the main job on its in-process vector env (``--env-batching vector``)
   over the same job on TorchRL's ``SerialEnv`` (``--env-batching serial``), every other
   option the job's default;
-- ``collect_vs_env_limit``: frames/s of a TorchRL ``Collector`` stepping the job's acting env
-  on the vector path (its transforms and primers) with its actor and critic, over the same gymnasium envs in a
-  raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
+- ``collect_vs_env_limit``: frames/s of the job's collector (``VectorEnvCollector``) stepping
+  its acting env on the vector path (its transforms and primers) with its actor and critic, over
+  the same gymnasium envs in a raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
 - ``update_vs_compute_limit``: seconds of the job's update on one rollout (``update`` over
   its windows, ``epochs x minibatches`` steps) over the same steps of plain forward and
   backward of the same networks on the same batch (encoder, ``nn.GRU`` without resets,
@@ -26,8 +26,8 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 
 Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
 part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
-the ``Collector`` stepping the acting env with random actions (``acting_env_fps``: TorchRL's
-wrapper, transforms, primers, partial resets, the collector's own work) less ``env``;
+the job's collector stepping the acting env with random actions (``acting_env_fps``: the
+transforms' rules, partial resets, the collector's own work) less ``env``;
 ``acting`` the collector with the agent less that; ``update`` the job's update per frame of a
 rollout; ``collection_share``: the parts but the update over all of them. The main job's
 other work (advantages, batching, the report) is the rest of ``1 / main_job_fps_fast``,
@@ -53,11 +53,9 @@ from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
 from timing import seconds_per_call, write_figures  # benchmarks/timing.py
 from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
-from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
-from torchrl.collectors import Collector
 from torchrl.envs import SerialEnv
-from torchrl.modules import RandomPolicy
 from tqdm import tqdm
 
 from torchrl_seqchunk import ResetRNN
@@ -158,11 +156,10 @@ def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
 
 
 def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
-    """frames/s of a TorchRL Collector of the job's rollouts after one warm-up rollout, and the rollouts."""
+    """frames/s of the job's collector (``make_collector``: VectorEnvCollector on the vector env)
+    over the job's rollouts after one warm-up rollout, and the rollouts."""
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = Collector(env, policy, frames_per_batch=per_batch,
-                          total_frames=per_batch * (1 + max(1, frames // per_batch)),
-                          device=cfg.device, auto_register_policy_transforms=False)
+    collector = load_main_job().make_collector(cfg, env, policy, per_batch, per_batch * (1 + max(1, frames // per_batch)))
     batches = iter(collector)
     next(batches)  # warm-up
     start = time.perf_counter()
@@ -173,13 +170,19 @@ def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
     return fps, rollouts
 
 
+def random_actions(env) -> TensorDictModule:
+    """A policy drawing uniform actions from the env's action spec (any collector runs it)."""
+    spec = env.full_action_spec["action"]
+    return TensorDictModule(lambda observation: spec.rand(), in_keys=["observation"], out_keys=["action"])
+
+
 def collect_and_update(cfg, frames: int) -> dict[str, float]:
     """The collector's frames/s with random actions and with the agent, and the update's
     seconds beside the plain compute."""
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
     env = make_acting_env(cfg, rnns, cfg.seed)
-    acting_env_fps, _ = collector_fps(cfg, env, RandomPolicy(env.full_action_spec), frames)
+    acting_env_fps, _ = collector_fps(cfg, env, random_actions(env), frames)
     collect_fps, rollouts = collector_fps(cfg, make_acting_env(cfg, rnns, cfg.seed),
                                           TensorDictSequential(actor, critic), frames)
 
@@ -271,8 +274,8 @@ def main(argv=None) -> dict[str, float]:
     bar.update()
 
     measured = collect_and_update(cfg, args.env_frames)
-    record("acting_env_fps", measured["acting_env_fps"], "frames/s", "Collector, the job's acting env, random actions")
-    record("collect_fps", measured["collect_fps"], "frames/s", "Collector, the job's acting env and policy")
+    record("acting_env_fps", measured["acting_env_fps"], "frames/s", "the job's collector and acting env, random actions")
+    record("collect_fps", measured["collect_fps"], "frames/s", "the job's collector, acting env and policy")
     record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
     record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")
     record("compute_s", measured["compute_s"], "s", "plain forward and backward, same networks and batches")
