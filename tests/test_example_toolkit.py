@@ -6,6 +6,7 @@ import torch
 
 from examples.common import options
 from examples.common.config import RENAMED, Config, uncovered_steps
+from examples.common.ppo import standardized
 from examples.common.report import Report, check_run_folder, finished
 
 NO_CUDA = not torch.cuda.is_available()
@@ -34,6 +35,7 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"rollout_len": 0}, "--rollout-len must be >= 1"),
     ({"gamma": 1.5}, "--gamma must be in [0.0, 1.0]"),
     ({"lr": 0.0}, "--lr must be > 0.0"),
+    ({"advantage_std_floor": -0.1}, "--advantage-std-floor must be >= 0.0"),
     ({"window": 64, "rollout_len": 16}, "--window 64 is longer than --rollout-len 16"),
     ({"rollout_len": 40}, "leave 8 of every 40 steps per env in no window"),
     ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),
@@ -49,6 +51,14 @@ def test_every_option_is_checked_with_a_message_naming_it(options_, message):
     with pytest.raises(ValueError) as err:
         Config(**options_).check()
     assert message in str(err.value)
+
+
+def test_standardized_advantages_by_hand():
+    advantage = torch.tensor([1.0, 3.0])  # mean 2, std sqrt(2) (Bessel's correction)
+    torch.testing.assert_close(standardized(advantage), torch.tensor([-1.0, 1.0]) / math.sqrt(2))
+    torch.testing.assert_close(standardized(advantage, floor=1.0), torch.tensor([-1.0, 1.0]) / math.sqrt(2))
+    # a std below the floor: divided by the floor, so near-zero advantages stay small
+    torch.testing.assert_close(standardized(advantage, floor=2.0), torch.tensor([-0.5, 0.5]))
 
 
 def test_the_defaults_and_the_documented_variants_pass():

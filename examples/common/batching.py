@@ -34,7 +34,9 @@ class WindowBatching:
         self.cfg, self.memory_keys = cfg, memory_keys
 
     def make_loss(self, actor, critic) -> RecurrentPPOLoss:
-        return RecurrentPPOLoss(actor, critic, boundary_mode=self.cfg.boundary_mode, **ppo_options(self.cfg))
+        # with --advantage-std-floor, add_advantages standardizes each rollout (floored) instead
+        options = {**ppo_options(self.cfg), "normalize_advantage": not self.cfg.advantage_std_floor}
+        return RecurrentPPOLoss(actor, critic, boundary_mode=self.cfg.boundary_mode, **options)
 
     def batches(self, rollout: TensorDictBase) -> list[TensorDictBase]:
         cfg = self.cfg

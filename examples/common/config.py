@@ -124,6 +124,8 @@ class Config(RunConfig):
     """value loss weight, >= 0"""
     max_grad_norm: float = 0.5
     """global gradient norm clip, > 0"""
+    advantage_std_floor: float = 0.0
+    """standardize each rollout's advantages by max(std, this floor), so that advantages near zero (nothing left to learn) are not blown up to unit scale; 0: by the std alone, per batch"""
     # batching
     batching: Literal["windows", "streams"] = "windows"
     """windows of each rollout, or stream chunks with a carried state"""
@@ -157,7 +159,7 @@ class Config(RunConfig):
         options.real("lr", self.lr, 0.0, open_low=True)
         options.real("clip_epsilon", self.clip_epsilon, 0.0, 1.0, open_low=True)
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
-        for name in ("entropy_coeff", "critic_coeff"):
+        for name in ("entropy_coeff", "critic_coeff", "advantage_std_floor"):
             options.real(name, getattr(self, name), 0.0)
         if self.batching == "streams":
             if self.boundary_mode != "reset_continue":

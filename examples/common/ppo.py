@@ -28,13 +28,18 @@ def next_values(critic, rollout: TensorDictBase) -> torch.Tensor:
 
 def add_advantages(cfg, critic, rollout: TensorDictBase, *, standardize: bool = False) -> TensorDictBase:
     """Writes "advantage" and "value_target" into a rollout [num_envs, T] (advantages
-    standardized over the rollout with ``standardize``) and returns it."""
+    standardized over the rollout with ``standardize`` or ``cfg.advantage_std_floor``, by
+    their std or that floor, whichever is larger) and returns it."""
     rollout["next", "state_value"] = next_values(critic, rollout)
     boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
-    if standardize:
-        advantage = rollout["advantage"]
-        rollout["advantage"] = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-8)
+    if standardize or cfg.advantage_std_floor:
+        rollout["advantage"] = standardized(rollout["advantage"], floor=cfg.advantage_std_floor)
     return rollout
+
+
+def standardized(advantage: torch.Tensor, *, floor: float = 0.0) -> torch.Tensor:
+    """``(advantage - mean) / max(std, floor, 1e-8)`` over every element."""
+    return (advantage - advantage.mean()) / advantage.std().clamp_min(max(1e-8, floor))
 
 
 def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDictBase], *, weight,

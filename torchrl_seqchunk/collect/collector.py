@@ -151,21 +151,19 @@ class VectorEnvCollector:
     @torch.no_grad()
     def rollout(self) -> TensorDictBase:
         """One rollout ``[N, T]``, going on from where the previous one stopped."""
-        root_steps, next_steps = [], []
+        steps = []
         for _ in range(self._steps):
             data = self._act({**self._root, **self._carried})
             data[("collector", "traj_ids")] = self._traj_ids
             nxt = self._step(data["action"])
-            root_steps.append({k: v for k, v in data.items() if not (isinstance(k, tuple) and k[0] == "next")})
-            next_steps.append({**{k[1:] if len(k) > 2 else k[1]: v for k, v in data.items()
-                                  if isinstance(k, tuple) and k[0] == "next"}, **nxt})
-            self._carried = {k[1:] if len(k) > 2 else k[1]: v for k, v in data.items()
-                             if isinstance(k, tuple) and k[0] == "next"}
+            steps.append((data, nxt))
+            self._carried = {key[1:] if len(key) > 2 else key[1]: data[key] for key in _next_keys(data)}
             self._reset_ended(nxt)
-        out = _stack(root_steps)
+        out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _ in steps])
         for flag in _FLAGS:  # False at every root step: it follows a reset or a step that went on
             out[flag] = torch.zeros(self.num_envs, self._steps, 1, dtype=torch.bool, device=self.device)
-        out["next"] = _stack(next_steps)
+        out["next"] = _stack([{**{key[1:] if len(key) > 2 else key[1]: data[key] for key in _next_keys(data)}, **nxt}
+                              for data, nxt in steps])
         return TensorDict(out, batch_size=[self.num_envs, self._steps], device=self.device)
 
     def _step(self, action: torch.Tensor) -> dict:
@@ -215,6 +213,15 @@ class VectorEnvCollector:
     def shutdown(self) -> None:
         """Closes the env."""
         self.env.close()
+
+
+def _is_next(key) -> bool:
+    return isinstance(key, tuple) and key[0] == "next"
+
+
+def _next_keys(data: dict) -> list:
+    """The policy's ``("next", ...)`` outputs: what the next step reads at the root."""
+    return [key for key in data if _is_next(key)]
 
 
 def _stack(steps: list[dict]) -> dict:
