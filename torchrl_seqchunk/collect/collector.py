@@ -97,8 +97,8 @@ class VectorEnvCollector:
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
-        if not (total_frames == -1 or check_int("total_frames", total_frames, low=1)):
-            raise ValueError(f"total_frames must be -1 (never stop) or positive, got {total_frames}.")
+        if check_int("total_frames", total_frames, low=-1) == 0:
+            raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
         self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
         self._steps = frames_per_batch // self.num_envs
         self._obs_norm, self._reward_scale, self._reward_sum = self._read_transforms(env)
@@ -157,13 +157,12 @@ class VectorEnvCollector:
             data[("collector", "traj_ids")] = self._traj_ids
             nxt = self._step(data["action"])
             steps.append((data, nxt))
-            self._carried = {key[1:] if len(key) > 2 else key[1]: data[key] for key in _next_keys(data)}
+            self._carried = _next_entries(data)
             self._reset_ended(nxt)
         out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _ in steps])
         for flag in _FLAGS:  # False at every root step: it follows a reset or a step that went on
             out[flag] = torch.zeros(self.num_envs, self._steps, 1, dtype=torch.bool, device=self.device)
-        out["next"] = _stack([{**{key[1:] if len(key) > 2 else key[1]: data[key] for key in _next_keys(data)}, **nxt}
-                              for data, nxt in steps])
+        out["next"] = _stack([{**_next_entries(data), **nxt} for data, nxt in steps])
         return TensorDict(out, batch_size=[self.num_envs, self._steps], device=self.device)
 
     def _step(self, action: torch.Tensor) -> dict:
@@ -219,9 +218,9 @@ def _is_next(key) -> bool:
     return isinstance(key, tuple) and key[0] == "next"
 
 
-def _next_keys(data: dict) -> list:
-    """The policy's ``("next", ...)`` outputs: what the next step reads at the root."""
-    return [key for key in data if _is_next(key)]
+def _next_entries(data: dict) -> dict:
+    """The policy's ``("next", *key)`` outputs under ``key``: what the next step reads at the root."""
+    return {(key[1:] if len(key) > 2 else key[1]): value for key, value in data.items() if _is_next(key)}
 
 
 def _stack(steps: list[dict]) -> dict:
