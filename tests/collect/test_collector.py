@@ -8,7 +8,9 @@ import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
+from torchrl.data import Unbounded
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TransformedEnv
+from torchrl.modules import SafeModule
 
 from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
 from torchrl_seqchunk.envs import make_masked_env, make_vector_env
@@ -98,6 +100,8 @@ def test_refusals():
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
     with pytest.raises(TypeError, match="Collector"):
         tensor_policy(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="safe=True"):
+        tensor_policy(SafeModule(nn.Linear(2, 2), ["observation"], ["action"], spec=Unbounded(2), safe=True))
 
 
 def test_reset_rnn_step_on_tensors_is_step_mode():

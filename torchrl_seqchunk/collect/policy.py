@@ -69,6 +69,9 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
 
 
 def _steps(module: nn.Module) -> list[Step]:
+    if getattr(module, "safe", False):  # TorchRL's Safe* modules project their outputs into a spec
+        raise TypeError(f"tensor_policy cannot run {type(module).__name__}(safe=True): it would skip the "
+                        "projection into the spec. Build it with safe=False, or use TorchRL's Collector.")
     if isinstance(module, ResetRNN):
         return [_rnn_step(module)]
     if isinstance(module, ProbabilisticTensorDictModule):
@@ -116,7 +119,7 @@ def _rnn_step(rnn: ResetRNN) -> Step:
 
 
 def _sample_step(module: ProbabilisticTensorDictModule) -> Step:
-    if not module.return_log_prob or len(module.dist_sample_keys) != 1:
+    if not module.return_log_prob or len(module.dist_sample_keys) != 1 or module.num_samples is not None:
         raise TypeError("tensor_policy runs a probabilistic module that draws one sample and returns its "
                         "log-probability (return_log_prob=True); step this policy with TorchRL's Collector.")
     sample_key, log_prob_key = unravel_key(module.dist_sample_keys[0]), unravel_key(module.log_prob_key)
