@@ -25,7 +25,7 @@ in interleaved rounds so that machine load hits both alike (median over rounds).
 Writes under ``--out``: ``offpolicy.csv`` (one row per collector batch of every run),
 ``offpolicy_summary.csv`` (one row per run), ``offpolicy.png`` (mean and range over seeds,
 one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task>``
-(median over seeds), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
+(median over seeds; only where both medians are positive, else the difference), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
 ``grad_steps_per_s_streams_vs_sequence_burnin<k>``.
 
     python benchmarks/bench_offpolicy.py --tasks cartpole --seeds 1,2,3 --frames 12000
@@ -145,6 +145,14 @@ def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None
     plt.close(fig)
 
 
+def mmer_ratio_line(name: str, ours: float, theirs: float) -> str:
+    """``RATIO name ours/theirs`` where both median MMERs are positive; else no ratio (POPGym's
+    returns lie in [-1, 1], and a quotient of negative returns reads backwards) but the difference."""
+    if ours > 0 and theirs > 0:
+        return f"RATIO {name} {ours / theirs:.3f}"
+    return f"{name}: no ratio (a median MMER <= 0: {ours:.3f}, {theirs:.3f}); streams - recipe {ours - theirs:+.3f}"
+
+
 def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[int]) -> list[str]:
     """The paired table (markdown lines) and the RATIO lines of the learning grid."""
     rng = np.random.default_rng(0)
@@ -162,7 +170,7 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
                 cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}"
                 ours = statistics.median(summaries[(task, "streams", s)]["mmer"] for s in seeds)
                 theirs = statistics.median(r["mmer"] for r in runs)
-                print(f"RATIO mmer_streams_vs_{recipe}_{task} {ours / theirs if theirs else float('nan'):.3f}")
+                print(mmer_ratio_line(f"mmer_streams_vs_{recipe}_{task}", ours, theirs))
                 frames_ours = statistics.median(summaries[(task, "streams", s)]["frames_to_threshold"] for s in seeds)
                 print(f"RATIO frames_to_threshold_{recipe}_vs_streams_{task} "
                       f"{med['frames_to_threshold'] / frames_ours:.3f}")

@@ -29,6 +29,13 @@ def test_run_metrics_by_hand():
     assert bench_offpolicy.summarize(rows, 30.0, 1000)["frames_to_threshold"] == 1000  # a miss is the cap
 
 
+def test_mmer_ratio_only_between_positive_medians():
+    assert bench_offpolicy.mmer_ratio_line("m", 0.9, 0.6) == "RATIO m 1.500"
+    # POPGym returns below zero: -0.6 is ahead of -0.75, which a quotient (0.8) would hide
+    line = bench_offpolicy.mmer_ratio_line("m", -0.6, -0.75)
+    assert not line.startswith("RATIO") and line.endswith("streams - recipe +0.150")
+
+
 def test_options_are_checked_before_anything_runs(tmp_path):
     result = command("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
