@@ -110,13 +110,15 @@ class ReturnScaledReward(Transform):
             done (Tensor): bool ``[*batch, 1]``, True where the step ends an episode.
 
         Raises:
-            ValueError: if ``done`` and ``reward`` differ in shape.
+            ValueError: if ``done`` and ``reward`` differ in shape. TypeError: if ``done`` is not bool.
         """
         if done.shape != reward.shape:
             raise ValueError(
                 f"done_key {self.done_key!r} has shape {list(done.shape)}, the reward "
                 f"{list(reward.shape)}; one done flag per reward, as TorchRL stores them."
             )
+        if done.dtype != torch.bool:
+            raise TypeError(f"done_key {self.done_key!r} must be bool (True where an episode ends), got {done.dtype}.")
         if self._return is None or self._return.shape != reward.shape:
             self._return = torch.zeros_like(reward)
         self._return = self._return * self.gamma + reward
@@ -197,7 +199,11 @@ class RunningObservationNorm(Transform):
 
         Raises:
             ValueError: if the features ``F`` differ from those the statistics were made for.
+            TypeError: if ``counted`` is not bool.
         """
+        if counted is not None and counted.dtype != torch.bool:
+            raise TypeError(f"counted must be a bool mask of the rows merged, got {counted.dtype}; an integer "
+                            "tensor would index rows instead.")
         features = obs.shape[batch_dims:]
         if self.mean.shape != features:
             if self.count:

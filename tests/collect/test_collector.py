@@ -91,7 +91,12 @@ def test_refusals():
     with pytest.raises(TypeError, match="StepCounter"):
         VectorEnvCollector(vector_env(InitTracker(), StepCounter()), POLICY, frames_per_batch=4)
     with pytest.raises(ValueError, match="before RewardSum"):
-        VectorEnvCollector(vector_env(ReturnScaledReward(), RewardSum()), POLICY, frames_per_batch=4)
+        VectorEnvCollector(vector_env(InitTracker(), ReturnScaledReward(), RewardSum()), POLICY, frames_per_batch=4)
+    with pytest.raises(ValueError, match="no InitTracker"):
+        VectorEnvCollector(vector_env(RewardSum()), POLICY, frames_per_batch=4)
+    with pytest.raises(ValueError, match="more than once"):  # the first copy would be skipped
+        VectorEnvCollector(vector_env(InitTracker(), RunningObservationNorm(), RunningObservationNorm()), POLICY,
+                           frames_per_batch=4)
     with pytest.raises(ValueError, match="default keys"):
         VectorEnvCollector(vector_env(InitTracker(init_key="is_first")), POLICY, frames_per_batch=4)
     with pytest.raises(ValueError, match="multiple of the env batch"):
@@ -116,3 +121,134 @@ def test_reset_rnn_step_on_tensors_is_step_mode():
     assert used[0][0].abs().sum() == 0 and torch.equal(used[1][1], state[1][1])  # reset row 0, kept row 1
     with pytest.raises(ValueError, match="absent"):
         rnn.step(x, None, reset)
+
+
+def sample_action(logits):
+    return nn.functional.one_hot(torch.distributions.Categorical(logits=logits).sample(), 2)
+
+
+def same_rollouts(make_env, make_policy, frames_per_batch=12, batches=2):
+    out = []
+    for kind in (Collector, VectorEnvCollector):
+        torch.manual_seed(0)
+        policy, env = make_policy(), make_env()
+        collector = kind(env, policy, frames_per_batch=frames_per_batch, total_frames=frames_per_batch * batches)
+        torch.manual_seed(1)
+        out.append([r.clone() for r in collector])
+    theirs, ours = out
+    assert set(ours[0].keys(True, True)) == set(theirs[0].keys(True, True))
+    for mine, want in zip(ours, theirs):
+        for key in want.keys(True, True):
+            assert torch.equal(mine[key], want[key]), key
+    return ours
+
+
+def short_cartpole(transforms):
+    def make():
+        env = TransformedEnv(make_vector_env("CartPole-v1", 3, (0, 2), max_episode_steps=3), Compose(*transforms()))
+        env.set_seed(0)
+        return env
+    return make
+
+
+def test_policies_of_other_shapes_act_as_under_the_collector():
+    # keyword in_keys (x = "b", y = "a"), private "_" keys (the collector leaves them out), a
+    # module reading the root flags, one writing an env-owned ("next", ...) key (the env's wins)
+    def make_policy():
+        return TensorDictSequential(
+            TensorDictModule(nn.Linear(2, 2), ["observation"], ["a"]),
+            TensorDictModule(nn.Linear(2, 2), ["observation"], ["_b"]),
+            TensorDictModule(lambda x, y: x - y, in_keys={"y": "a", "x": "_b"}, out_keys=["logits"]),
+            TensorDictModule(lambda logits, truncated: (sample_action(logits - truncated.float()), logits + 1),
+                             ["logits", "truncated"], ["action", ("next", "observation")]))
+    ours = same_rollouts(short_cartpole(lambda: [InitTracker(), RewardSum()]), make_policy)
+    assert "_b" not in ours[0].keys()
+
+
+def test_a_tensordict_state_and_a_single_transform():
+    from tensordict import TensorDict
+
+    class RSSM(nn.Module):  # ResetRNN's docstring cell: deterministic and latent parts
+        def __init__(self):
+            super().__init__()
+            self.gru, self.latent = nn.GRUCell(8 + 2, 8), nn.Linear(8, 2)
+
+        def forward(self, x_t, h):
+            deter = self.gru(torch.cat([x_t, h["stoch"]], -1), h["deter"])
+            return TensorDict(deter=deter, stoch=torch.tanh(self.latent(deter)), batch_size=h.batch_size)
+
+    rnn = ResetRNN(RSSM(), state_shape={"deter": (8,), "stoch": (2,)}, default_recurrent_mode=False)
+    policy = TensorDictSequential(TensorDictModule(nn.Linear(2, 8), ["observation"], ["embed"]), rnn,
+                                  TensorDictModule(sample_action, [("features", "stoch")], ["action"]))
+    same_rollouts(short_cartpole(lambda: [InitTracker(), rnn.make_tensordict_primer()]), lambda: policy)
+    env = TransformedEnv(make_vector_env("CartPole-v1", 2), InitTracker())  # not a Compose
+    assert next(iter(VectorEnvCollector(env, POLICY, frames_per_batch=4, device=None))).shape == (2, 2)
+
+
+def test_float64_observations_keep_their_dtype():
+    import gymnasium as gym
+    import numpy as np
+
+    from torchrl_seqchunk.envs import SyncVectorGymWrapper
+
+    def one():
+        env = gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 3)
+        return gym.wrappers.TransformObservation(env, lambda o: o.astype(np.float64) + 1e-9,
+                                                 gym.spaces.Box(-np.inf, np.inf, (4,), np.float64))
+
+    def make_env():
+        vector = gym.vector.SyncVectorEnv([one] * 3, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        env = TransformedEnv(SyncVectorGymWrapper(vector), Compose(InitTracker(), RewardSum()))
+        env.set_seed(0)
+        return env
+
+    policy = TensorDictSequential(TensorDictModule(nn.Linear(4, 2).double(), ["observation"], ["logits"]),
+                                  TensorDictModule(sample_action, ["logits"], ["action"]))
+    ours = same_rollouts(make_env, lambda: policy)
+    assert ours[0]["next", "observation"].dtype == torch.float64
+
+
+def test_what_would_act_differently_is_refused():
+    from torchrl.data import Unbounded
+    from torchrl.envs import TensorDictPrimer
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    rnn = ResetRNN(nn.GRU(2, 8, batch_first=True), in_key="observation", default_recurrent_mode=False)
+    recurrent = TensorDictSequential(rnn, TensorDictModule(lambda f: sample_action(f[:, :2]), ["features"], ["action"]))
+    with pytest.raises(ValueError, match="no primer"):  # the Collector would feed back a stale state
+        VectorEnvCollector(vector_env(InitTracker()), recurrent, frames_per_batch=4)
+    wrong = TensorDictPrimer(recurrent_state=Unbounded(shape=(2, 8)), expand_specs=True)
+    with pytest.raises(ValueError, match="no primer of that shape"):
+        VectorEnvCollector(vector_env(InitTracker(), wrong), recurrent, frames_per_batch=4)
+    other = TensorDictPrimer(foo=Unbounded(shape=(3,)), expand_specs=True)
+    with pytest.raises(ValueError, match="no ResetRNN of the policy"):
+        VectorEnvCollector(vector_env(InitTracker(), other), POLICY, frames_per_batch=4)
+    seeded = ProbabilisticActor(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]), in_keys=["logits"],
+                                distribution_class=OneHotCategorical, return_log_prob=True,
+                                generator=torch.Generator().manual_seed(123))
+    with pytest.raises(TypeError, match="generator"):
+        tensor_policy(seeded)
+
+    class Tempered(TensorDictModule):
+        def forward(self, tensordict, *args, **kwargs):
+            return super().forward(tensordict, *args, **kwargs)
+
+    with pytest.raises(TypeError, match="overrides"):
+        tensor_policy(Tempered(nn.Linear(2, 2), ["observation"], ["logits"]))
+    with pytest.raises(TypeError, match="selected_out_keys"):
+        tensor_policy(TensorDictSequential(POLICY, selected_out_keys=["action"]))
+    silent = TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"])
+    with pytest.raises(ValueError, match="wrote no"):
+        next(iter(VectorEnvCollector(vector_env(InitTracker()), silent, frames_per_batch=4)))
+
+
+def test_plain_tensor_rules_refuse_masks_and_states_of_the_wrong_kind():
+    with pytest.raises(TypeError, match="bool"):  # an int mask would index rows 1, 0, 1, 0
+        RunningObservationNorm().normalize(torch.ones(4, 1), counted=torch.tensor([1, 0, 1, 0]))
+    with pytest.raises(TypeError, match="bool"):
+        ReturnScaledReward().scale(torch.ones(4, 1), torch.zeros(4, 1))
+    lstm = ResetRNN(nn.LSTM(3, 5, batch_first=True), in_key="x", default_recurrent_mode=False)
+    x, h = torch.randn(4, 3), torch.randn(4, 1, 5)
+    for state in (h, (h, h, h), (h[:3], h[:3])):  # a bare tensor, 3 entries for (h, c), 3 rows for 4
+        with pytest.raises(ValueError, match="tuple of 2 tensors"):
+            lstm.step(x, state, torch.zeros(4))

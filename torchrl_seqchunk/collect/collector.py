@@ -13,12 +13,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, unravel_key
 from torch import nn
-from torchrl.envs import InitTracker, RewardSum, TensorDictPrimer, TransformedEnv
+from torchrl.envs import Compose, InitTracker, RewardSum, TensorDictPrimer, TransformedEnv
 
 from .._checks import check_int
 from ..envs import SyncVectorGymWrapper
+from ..recurrent.module import ResetRNN
 from ..reward_norm import ReturnScaledReward, RunningObservationNorm
 from .policy import tensor_policy
 
@@ -91,7 +92,7 @@ class VectorEnvCollector:
         if not isinstance(env, TransformedEnv) or not isinstance(env.base_env, SyncVectorGymWrapper):
             raise TypeError(f"env must be a TransformedEnv over a SyncVectorGymWrapper (make_vector_env), got "
                             f"{type(env).__name__}; step other envs with TorchRL's Collector.")
-        self.env, self.device = env, torch.device(device)
+        self.env, self.device = env, torch.device("cpu" if device is None else device)
         self.num_envs = env.batch_size[0] if env.batch_dims == 1 else 0
         check_int("frames_per_batch", frames_per_batch, low=1)
         if not self.num_envs or frames_per_batch % self.num_envs:
@@ -101,46 +102,20 @@ class VectorEnvCollector:
             raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
         self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
         self._steps = frames_per_batch // self.num_envs
-        self._obs_norm, self._reward_scale, self._reward_sum = self._read_transforms(env)
+        self._obs_norm, self._reward_scale, self._reward_sum = _read_transforms(env, policy)
         self._act = tensor_policy(policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
+        self._obs_dtype = env.base_env.observation_spec["observation"].dtype
         self.frames = 0
         first = env.reset()  # through TorchRL once: the same first observation and statistics
-        self._root = {"observation": first["observation"].to(self.device),
-                      "is_init": torch.ones(self.num_envs, 1, dtype=torch.bool, device=self.device)}
+        flag = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
+        self._root = {"observation": first["observation"].to(self.device), "is_init": ~flag,
+                      **{name: flag for name in _FLAGS}}
         if self._reward_sum:
             self._root["episode_reward"] = torch.zeros(self.num_envs, 1, device=self.device)
         self._carried: dict = {}
         self._traj_ids = torch.arange(self.num_envs, device=self.device)
         self._next_traj = self.num_envs
-
-    @staticmethod
-    def _read_transforms(env: TransformedEnv):
-        obs_norm = reward_scale = None
-        reward_sum = False
-        for transform in env.transform:
-            if isinstance(transform, InitTracker):
-                ok = transform.init_key == "is_init"
-            elif isinstance(transform, RewardSum):
-                ok, reward_sum = list(transform.in_keys) == ["reward"] and list(transform.out_keys) == ["episode_reward"], True
-            elif isinstance(transform, RunningObservationNorm):
-                ok, obs_norm = transform.key == "observation", transform
-            elif isinstance(transform, ReturnScaledReward):
-                if not reward_sum and any(isinstance(t, RewardSum) for t in env.transform):
-                    raise ValueError("ReturnScaledReward comes before RewardSum: the episode return would sum "
-                                     "scaled rewards; put RewardSum first, as TorchRL's chain reads them.")
-                ok, reward_scale = (transform.reward_key, transform.done_key) == ("reward", "done"), transform
-            elif isinstance(transform, TensorDictPrimer):
-                ok = True  # the policy's ResetRNN states: reset at is_init by the modules themselves
-            else:
-                raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__} on plain tensors "
-                                "(it applies InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward "
-                                "and TensorDictPrimer); step this env with TorchRL's Collector.")
-            if not ok:
-                raise ValueError(f"{type(transform).__name__} reads or writes other keys than the defaults "
-                                 "(observation, reward, done, is_init, episode_reward) VectorEnvCollector "
-                                 "uses; build it with its default keys.")
-        return obs_norm, reward_scale, reward_sum
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         while self.total_frames == -1 or self.frames < self.total_frames:
@@ -153,15 +128,15 @@ class VectorEnvCollector:
         """One rollout ``[N, T]``, going on from where the previous one stopped."""
         steps = []
         for _ in range(self._steps):
-            data = self._act({**self._root, **self._carried})
+            data = self._act({**self._carried, **self._root})  # the env's entries win over the policy's
             data[("collector", "traj_ids")] = self._traj_ids
+            if "action" not in data:
+                raise ValueError(f"the policy wrote no \"action\" (its outputs: {sorted(map(str, data))}).")
             nxt = self._step(data["action"])
             steps.append((data, nxt))
             self._carried = _next_entries(data)
             self._reset_ended(nxt)
         out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _ in steps])
-        for flag in _FLAGS:  # False at every root step: it follows a reset or a step that went on
-            out[flag] = torch.zeros(self.num_envs, self._steps, 1, dtype=torch.bool, device=self.device)
         out["next"] = _stack([{**_next_entries(data), **nxt} for data, nxt in steps])
         return TensorDict(out, batch_size=[self.num_envs, self._steps], device=self.device)
 
@@ -169,7 +144,7 @@ class VectorEnvCollector:
         """Steps every env; the next step's entries, through the transforms' step rules."""
         obs, reward, terminated, truncated, _ = self._vector.step(self.env.base_env.read_action(action.cpu()))
         shape = (self.num_envs, 1)
-        nxt = {"observation": torch.tensor(obs, dtype=torch.float32, device=self.device),
+        nxt = {"observation": torch.tensor(obs, dtype=self._obs_dtype, device=self.device),
                "reward": torch.as_tensor(reward, dtype=torch.float32, device=self.device).reshape(shape),
                "terminated": torch.as_tensor(terminated, device=self.device).reshape(shape),
                "truncated": torch.as_tensor(truncated, device=self.device).reshape(shape),
@@ -186,12 +161,14 @@ class VectorEnvCollector:
     def _reset_ended(self, nxt: dict) -> None:
         """The next step's root: the step's next entries, the envs that ended reset (transforms' reset rules)."""
         done = nxt["done"].reshape(-1)
-        root = {"observation": nxt["observation"], "is_init": nxt["is_init"]}
+        # root flags: False at every step, which follows a reset or a step that went on
+        root = {"observation": nxt["observation"], "is_init": nxt["is_init"],
+                **{name: self._root[name] for name in _FLAGS}}
         if self._reward_sum:
             root["episode_reward"] = nxt["episode_reward"]
         if bool(done.any()):
             obs, _ = self._vector.reset(options={"reset_mask": done.cpu().numpy()})
-            obs = torch.tensor(obs, dtype=torch.float32, device=self.device)
+            obs = torch.tensor(obs, dtype=self._obs_dtype, device=self.device)
             if self._obs_norm is not None:
                 obs = self._obs_norm.normalize(obs, counted=done)
             if self._reward_scale is not None:
@@ -214,6 +191,69 @@ class VectorEnvCollector:
         self.env.close()
 
 
+def _flat(transform) -> list:
+    """A transform, or a Compose of them (nested too), as a flat list."""
+    if isinstance(transform, Compose):
+        return [leaf for t in transform for leaf in _flat(t)]
+    return [transform]
+
+
+def _read_transforms(env: TransformedEnv, policy: nn.Module):
+    """The env's transforms, checked: each known, with its default keys, once; the primers those
+    of the policy's ResetRNN states. Returns (RunningObservationNorm, ReturnScaledReward, RewardSum?)."""
+    transforms = _flat(env.transform)
+    kinds = [type(t) for t in transforms]
+    if InitTracker not in kinds:
+        raise ValueError("the env has no InitTracker: append InitTracker() (the episode-start flags "
+                         "\"is_init\" the rollouts hold and ResetRNN resets on).")
+    obs_norm = reward_scale = None
+    primed: dict = {}
+    for transform in transforms:
+        if isinstance(transform, TensorDictPrimer):
+            primed.update((unravel_key(k), spec.shape) for k, spec in transform.primers.items(True, True))
+            continue
+        if not isinstance(transform, (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward)):
+            raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__} on plain tensors "
+                            "(it applies InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward "
+                            "and the primers of the policy's ResetRNN states); step this env with TorchRL's Collector.")
+        if kinds.count(type(transform)) > 1:
+            raise ValueError(f"the env applies {type(transform).__name__} more than once; VectorEnvCollector "
+                             "applies each transform once: keep one.")
+        if isinstance(transform, InitTracker):
+            ok = transform.init_key == "is_init"
+        elif isinstance(transform, RewardSum):
+            ok = list(transform.in_keys) == ["reward"] and list(transform.out_keys) == ["episode_reward"]
+        elif isinstance(transform, RunningObservationNorm):
+            ok, obs_norm = transform.key == "observation", transform
+        else:
+            if RewardSum in kinds[kinds.index(ReturnScaledReward):]:
+                raise ValueError("ReturnScaledReward comes before RewardSum: the episode return would sum "
+                                 "scaled rewards; put RewardSum first, as TorchRL's chain reads them.")
+            ok, reward_scale = (transform.reward_key, transform.done_key) == ("reward", "done"), transform
+        if not ok:
+            raise ValueError(f"{type(transform).__name__} reads or writes other keys than the defaults "
+                             "(observation, reward, done, is_init, episode_reward) VectorEnvCollector "
+                             "uses; build it with its default keys.")
+    _check_primers(primed, policy)
+    return obs_norm, reward_scale, RewardSum in kinds
+
+
+def _check_primers(primed: dict, policy: nn.Module) -> None:
+    """Every ResetRNN state of the policy has a primer of its shape, and every primer is one."""
+    states = {key: shape for rnn in policy.modules() if isinstance(rnn, ResetRNN)
+              for key, shape in zip(rnn.state_keys, rnn.state_shapes)}
+    for key, shape in states.items():
+        if key not in primed or tuple(primed[key][len(primed[key]) - len(shape):]) != tuple(shape):
+            raise ValueError(f"the policy's ResetRNN state {key!r} {list(shape)} has no primer of that shape in "
+                             "the env: append rnn.make_tensordict_primer() for each ResetRNN (TorchRL's Collector "
+                             "needs it too).")
+    extra = set(primed) - set(states)
+    if extra:
+        raise ValueError(f"the env's primers declare {sorted(map(str, extra))}, which no ResetRNN of the policy "
+                         "keeps; VectorEnvCollector carries only ResetRNN states: drop those primers, or step "
+                         "this env with TorchRL's Collector.")
+
+
 def _is_next(key) -> bool:
     return isinstance(key, tuple) and key[0] == "next"
 
@@ -224,9 +264,12 @@ def _next_entries(data: dict) -> dict:
 
 
 def _stack(steps: list[dict]) -> dict:
-    """Per-step dicts of ``[N, ...]`` tensors -> nested dict of ``[N, T, ...]`` tensors."""
+    """Per-step dicts of ``[N, ...]`` tensors -> nested dict of ``[N, T, ...]`` tensors, leaving out
+    private keys (a last part starting with ``"_"``), as TorchRL's collectors do."""
     out: dict = {}
     for key in steps[0]:
+        if (key[-1] if isinstance(key, tuple) else key).startswith("_"):
+            continue
         value = torch.stack([step[key] for step in steps], 1)
         *parents, leaf = key if isinstance(key, tuple) else (key,)
         node = out

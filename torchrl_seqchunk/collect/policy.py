@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tensordict import unravel_key
+from tensordict import TensorDictBase, unravel_key
 from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.modules.distributions.utils import sample_and_log_prob
@@ -68,32 +68,50 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
     return step
 
 
+def _refuse(module: nn.Module, why: str):
+    raise TypeError(f"tensor_policy cannot run this {type(module).__name__}: {why}. Step the env with TorchRL's "
+                    "Collector instead (it runs any TensorDict module).")
+
+
 def _steps(module: nn.Module) -> list[Step]:
     if getattr(module, "safe", False):  # TorchRL's Safe* modules project their outputs into a spec
-        raise TypeError(f"tensor_policy cannot run {type(module).__name__}(safe=True): it would skip the "
-                        "projection into the spec. Build it with safe=False, or use TorchRL's Collector.")
+        _refuse(module, "safe=True would project its outputs into a spec, which it skips; build it with safe=False")
+    if module._forward_hooks or module._forward_pre_hooks:
+        _refuse(module, "it has forward hooks, which a plain-tensor call skips")
     if isinstance(module, ResetRNN):
         return [_rnn_step(module)]
     if isinstance(module, ProbabilisticTensorDictModule):
         return [_sample_step(module)]
     if isinstance(module, TensorDictSequential):
+        if module._select_before_return:
+            _refuse(module, "selected_out_keys drops outputs, which a plain-tensor step keeps")
         return [run for child in module.module for run in _steps(child)]
     if isinstance(module, TensorDictModule):
         return [_module_step(module)]
-    raise TypeError(
-        f"tensor_policy cannot run a {type(module).__name__} on plain tensors: it runs "
-        "TensorDictSequential, TensorDictModule, ResetRNN and ProbabilisticTensorDictModule. Step the "
-        "env with TorchRL's Collector instead (it runs any TensorDict module)."
-    )
+    _refuse(module, "it is none of TensorDictSequential, TensorDictModule, ResetRNN, ProbabilisticTensorDictModule")
+
+
+def _read(data: dict, key, module: nn.Module):
+    value = data.get(key)
+    if value is None:
+        raise ValueError(f"tensor_policy: {type(module).__name__} reads {key!r}, absent from the step's data "
+                         f"(its keys: {sorted(map(str, data))}).")
+    return value
 
 
 def _module_step(module: TensorDictModule) -> Step:
-    inner = module.module
+    if type(module).forward is not TensorDictModule.forward:
+        _refuse(module, "it overrides TensorDictModule.forward, which a plain-tensor call would skip")
+    if module._get_kwargs:
+        _refuse(module, "get_kwargs (defaults for missing keys) are not applied on plain tensors")
+    inner = module.module if module.method is None else getattr(module.module, module.method)
+    extra, names = dict(module.method_kwargs), module._kwargs  # names: a dict of in_keys, by argument
     in_keys = [unravel_key(k) for k in module.in_keys]
     out_keys = [unravel_key(k) for k in module.out_keys]
 
     def run(data: dict) -> None:
-        out = inner(*(data[k] for k in in_keys))
+        args = [_read(data, k, module) for k in in_keys]
+        out = inner(**dict(zip(names, args)), **extra) if names else inner(*args, **extra)
         data.update(zip(out_keys, out if isinstance(out, tuple) else (out,)))
 
     return run
@@ -110,8 +128,12 @@ def _rnn_step(rnn: ResetRNN) -> Step:
             raise ValueError(f"tensor_policy: the step's data holds neither {rnn.init_key!r} nor "
                              f"{rnn.is_first_key!r}, the episode-start flags ResetRNN resets on.")
         stored = [data.get(k) for k in rnn.state_keys]
-        y, used, new = rnn.step(data[rnn.in_key], None if all(s is None for s in stored) else stored, reset)
-        data[rnn.out_key] = y
+        y, used, new = rnn.step(_read(data, rnn.in_key, rnn), None if all(s is None for s in stored) else stored,
+                                reset)
+        if isinstance(y, TensorDictBase):  # a TensorDict state: its entries under out_key
+            data.update((unravel_key((rnn.out_key, k)), v) for k, v in y.items(True, True))
+        else:
+            data[rnn.out_key] = y
         data.update(zip(rnn.state_keys, used))
         data.update(zip(next_keys, new))
 
@@ -120,8 +142,10 @@ def _rnn_step(rnn: ResetRNN) -> Step:
 
 def _sample_step(module: ProbabilisticTensorDictModule) -> Step:
     if not module.return_log_prob or len(module.dist_sample_keys) != 1 or module.num_samples is not None:
-        raise TypeError("tensor_policy runs a probabilistic module that draws one sample and returns its "
-                        "log-probability (return_log_prob=True); step this policy with TorchRL's Collector.")
+        _refuse(module, "it runs a probabilistic module that draws one sample and returns its log-probability "
+                        "(return_log_prob=True, no num_samples)")
+    if module._generator is not None or module._generator_key is not None:
+        _refuse(module, "its own generator is not used on plain tensors (draws come from torch's global one)")
     sample_key, log_prob_key = unravel_key(module.dist_sample_keys[0]), unravel_key(module.log_prob_key)
 
     def run(data: dict) -> None:

@@ -396,11 +396,20 @@ class ResetRNN(TensorDictModuleBase):
 
         Raises:
             ValueError / TypeError: as step mode (a state absent where a row does not reset, an
-                entry of the wrong shape or dtype).
+                entry of the wrong shape or dtype); ValueError for a ``state`` that is not a tuple
+                of one ``[N, *S]`` tensor per state entry.
         """
         reset = _reset_mask(reset, (x.shape[0],), "reset").to(x.device)
         initial = None if self.initial is None else tuple(self.initial)
-        stored = [None] * len(self.state_keys) if state is None else list(state)
+        if state is None:
+            stored = [None] * len(self.state_keys)
+        elif (not isinstance(state, (tuple, list)) or len(state) != len(self.state_keys)
+              or any(s is not None and s.shape[:1] != x.shape[:1] for s in state)):
+            raise ValueError(f"state must be a tuple of {len(self.state_keys)} tensors [N={x.shape[0]}, *S], one per "
+                             f"entry of state_keys {self.state_keys}, or None; got {type(state).__name__}"
+                             f"{'' if not isinstance(state, (tuple, list)) else f' of {len(state)}'}.")
+        else:
+            stored = list(state)
         used = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, x.shape[:1])
         y, new = step_once(self.rnn, self._layout, x, used)
         return y, used, new
