@@ -26,7 +26,7 @@ sides of each ratio measured in turn in this process, so that machine load weigh
 
 Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
 part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
-the job's collector stepping the acting env with random actions (``acting_env_fps``: the
+the job's collector stepping the acting env (less its primers) with random actions (``acting_env_fps``: the
 transforms' rules, partial resets, the collector's own work) less ``env``;
 ``acting`` the collector with the agent less that; ``update`` the job's update per frame of a
 rollout; ``collection_share``: the parts but the update over all of them. The main job's
@@ -181,7 +181,8 @@ def collect_and_update(cfg, frames: int) -> dict[str, float]:
     seconds beside the plain compute."""
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
-    env = make_acting_env(cfg, rnns, cfg.seed)
+    env = make_env(cfg)  # the acting env less the agent's primers (random actions keep no memory)
+    env.set_seed(cfg.seed)
     acting_env_fps, _ = collector_fps(cfg, env, random_actions(env), frames)
     collect_fps, rollouts = collector_fps(cfg, make_acting_env(cfg, rnns, cfg.seed),
                                           TensorDictSequential(actor, critic), frames)
