@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 from torch import nn
@@ -39,8 +38,8 @@ class VectorEnvCollector:
     (:func:`~torchrl_seqchunk.collect.tensor_policy`) directly, applies each transform's rule
     to plain tensors (``InitTracker``, ``RewardSum``,
     :class:`~torchrl_seqchunk.RunningObservationNorm`,
-    :class:`~torchrl_seqchunk.ReturnScaledReward`; a ``TensorDictPrimer`` of the policy's
-    ResetRNN states needs nothing: ResetRNN resets them at ``"is_init"``), resets the envs that
+    :class:`~torchrl_seqchunk.ReturnScaledReward`; the primers of the policy's ResetRNN states
+    are checked, the states carried from step to step), resets the envs that
     ended on gymnasium's ``reset_mask`` and numbers trajectories as the ``Collector`` does
     (``("collector", "traj_ids")``). A rollout holds the policy's outputs and ``"observation"``,
     ``"is_init"``, ``"episode_reward"``, the done flags at the root and under ``"next"`` (with
@@ -68,9 +67,11 @@ class VectorEnvCollector:
 
     Raises:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a module
-            :func:`tensor_policy` cannot run. ValueError: a transform with other keys, or
-            ``ReturnScaledReward`` before ``RewardSum``; ``frames_per_batch`` not a positive
-            multiple of ``N``; ``total_frames`` neither ``-1`` nor positive.
+            :func:`tensor_policy` cannot run. ValueError: no ``InitTracker``, a transform twice
+            or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
+            policy without a primer of its state's shape or a primer of no ResetRNN;
+            ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
+            ``-1`` nor positive; at a step, a policy that writes no ``"action"``.
 
     Examples:
         >>> import torch
@@ -133,11 +134,11 @@ class VectorEnvCollector:
             if "action" not in data:
                 raise ValueError(f"the policy wrote no \"action\" (its outputs: {sorted(map(str, data))}).")
             nxt = self._step(data["action"])
-            steps.append((data, nxt))
             self._carried = _next_entries(data)
+            steps.append((data, self._carried, nxt))
             self._reset_ended(nxt)
-        out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _ in steps])
-        out["next"] = _stack([{**_next_entries(data), **nxt} for data, nxt in steps])
+        out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _, _ in steps])
+        out["next"] = _stack([{**carried, **nxt} for _, carried, nxt in steps])
         return TensorDict(out, batch_size=[self.num_envs, self._steps], device=self.device)
 
     def _step(self, action: torch.Tensor) -> dict:

@@ -16,7 +16,7 @@ from torchrl.modules import recurrent_mode
 from .backends import _BACKEND_NAMES, _unroll
 from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
-from .step import step_flags, step_once, step_state
+from .step import state_entries, step_flags, step_once, step_state
 
 __all__ = ["ResetRNN"]
 
@@ -401,15 +401,7 @@ class ResetRNN(TensorDictModuleBase):
         """
         reset = _reset_mask(reset, (x.shape[0],), "reset").to(x.device)
         initial = None if self.initial is None else tuple(self.initial)
-        if state is None:
-            stored = [None] * len(self.state_keys)
-        elif (not isinstance(state, (tuple, list)) or len(state) != len(self.state_keys)
-              or any(s is not None and s.shape[:1] != x.shape[:1] for s in state)):
-            raise ValueError(f"state must be a tuple of {len(self.state_keys)} tensors [N={x.shape[0]}, *S], one per "
-                             f"entry of state_keys {self.state_keys}, or None; got {type(state).__name__}"
-                             f"{'' if not isinstance(state, (tuple, list)) else f' of {len(state)}'}.")
-        else:
-            stored = list(state)
+        stored = state_entries(state, self.state_keys, x.shape[0])
         used = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, x.shape[:1])
         y, new = step_once(self.rnn, self._layout, x, used)
         return y, used, new

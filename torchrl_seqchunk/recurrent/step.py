@@ -29,6 +29,19 @@ def step_flags(rows: TensorDictBase, init_key, is_first_key) -> torch.Tensor:
     return _reset_mask(flags, (rows.shape[0],), "is_first")
 
 
+def state_entries(state, keys: list, batch: int) -> list:
+    """A plain-tensor step's ``state`` (None, or one ``[N, *S]`` tensor per entry of ``keys``)
+    as a list of entries (None where absent); a ValueError for anything else."""
+    if state is None:
+        return [None] * len(keys)
+    if (not isinstance(state, (tuple, list)) or len(state) != len(keys)
+            or any(s is not None and s.shape[0] != batch for s in state)):
+        got = type(state).__name__ + (f" of {len(state)}" if isinstance(state, (tuple, list)) else "")
+        raise ValueError(f"state must be a tuple of {len(keys)} tensors [N={batch}, *S], one per entry of "
+                         f"state_keys {keys}, or None; got {got}.")
+    return list(state)
+
+
 def step_state(stored: list, reset, initial, keys: list, shapes: list, dtype, batch_shape) -> tuple:
     """The state each row starts its step from: the stored one, the initial one where ``reset``.
 
