@@ -286,15 +286,21 @@ def test_integer_flags_reset_only_the_flagged_row(dtype):
     assert not torch.allclose(y[2, 1:], y_carry[2, 1:])
 
 
-def test_auto_picks_scan_for_linear_recurrences_fused_for_small_gru_batches_and_loop_on_cpu():
+def test_auto_picks_scan_for_linear_recurrences_fused_for_small_gru_batches_and_dense_lstm_resets():
     device = torch.device("cpu")
-    assert recurrent._pick_backend(MinGRUCell(F, H), device, B) == "scan"
-    assert recurrent._pick_backend(nn.GRU(F, 64), device, 8) == "fused"  # the main job's size
-    assert recurrent._pick_backend(nn.GRU(F, 256), device, 32) == "loop"  # bench_recurrent's CPU preset
-    assert recurrent._pick_backend(nn.LSTM(F, H), device, B) == "loop"
-    assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda"), B) == "packed"
-    assert recurrent._pick_backend(make_rnn("pair"), device, B) == "scan"
-    assert recurrent._pick_backend(make_rnn("rssm"), device, B) == "loop"
+    dense = torch.zeros(B, T, dtype=torch.bool)
+    dense[0, ::2] = True  # a reset on every other step: T / 2 + 1 segments
+    sparse = sparse_flags()  # resets on two steps: native segments
+    flags = lambda rows: torch.zeros(rows, T, dtype=torch.bool)  # noqa: E731
+    assert recurrent._pick_backend(MinGRUCell(F, H), device, dense) == "scan"
+    assert recurrent._pick_backend(nn.GRU(F, 64), device, flags(8)) == "fused"  # the main job's size
+    assert recurrent._pick_backend(nn.GRU(F, 256), device, flags(32)) == "loop"  # bench_recurrent's CPU preset
+    assert recurrent._pick_backend(nn.LSTM(F, H), device, dense) == "fused"
+    assert recurrent._pick_backend(nn.LSTM(F, H), device, sparse) == "loop"
+    assert recurrent._pick_backend(nn.LSTM(F, H, proj_size=2), device, dense) == "loop"  # not fusable
+    assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda"), dense) == "packed"
+    assert recurrent._pick_backend(make_rnn("pair"), device, dense) == "scan"
+    assert recurrent._pick_backend(make_rnn("rssm"), device, dense) == "loop"
 
 
 def test_under_no_grad():

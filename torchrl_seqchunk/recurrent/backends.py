@@ -75,9 +75,14 @@ def _loop(rnn, x, reset, h0, reset_value, *, layout):
     """
     if isinstance(rnn, (nn.GRU, nn.LSTM)):
         bounds = _segment_bounds(reset)
-        if 4 * (len(bounds) - 1) <= reset.shape[1]:
+        if _few_segments(bounds, reset):
             return _loop_segments(rnn, x, reset, h0, reset_value, bounds)
     return _loop_steps(rnn, x, reset, h0, reset_value, layout=layout)
+
+
+def _few_segments(bounds, reset) -> bool:
+    """At most one reset-free segment per 4 steps: native calls per segment beat stepping."""
+    return 4 * (len(bounds) - 1) <= reset.shape[1]
 
 
 def _segment_bounds(reset) -> list:
@@ -229,13 +234,18 @@ def _scan_entry(a, b, h0, reset_value, reset):
 _FUSED_GRU_MAX_WIDTH = 2048
 
 
-def _pick_backend(rnn: nn.Module, device: torch.device, batch: int) -> str:
+def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> str:
     if hasattr(rnn, "linear_coefficients"):
         return "scan"
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
     # small CPU batches: PyTorch's own GRU backward runs op by op, the fused one batches it
-    if isinstance(rnn, nn.GRU) and batch * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH:
+    if isinstance(rnn, nn.GRU) and reset.shape[0] * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH:
+        return "fused"
+    # an LSTM with resets on most steps: the fused backward beats stepping the cell (measured, one
+    # thread, forward + backward over nn.LSTM without resets: B=32 T=64 H=256 1.6x to 1.7x against
+    # 2.0x, B=8 T=32 H=64 4.0x against 5.6x); with few reset steps the loop's native segments win
+    if isinstance(rnn, nn.LSTM) and _fusable(rnn) and not _few_segments(_segment_bounds(reset), reset):
         return "fused"
     return "loop"
 
@@ -271,7 +281,7 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 f"{[list(v.shape) for v in reset_state]}."
             ) from err
     if backend == "auto":
-        backend = _pick_backend(rnn, x.device, batch)
+        backend = _pick_backend(rnn, x.device, reset)
     if backend == "loop":
         return _loop(rnn, x, reset, h0, reset_state, layout=layout)
     if backend == "packed":
