@@ -22,8 +22,9 @@ Pipeline per iteration:
      SliceSampler(T);
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
      targets are right at every boundary; `streams` carries each network's state from a
-     chunk to the next, the others start each window from the stored (or a zero) state and
-     reset at every episode start, the window's first step too.
+     chunk to the next, the others start each window from the stored (or a zero) state
+     (`sequence` first unrolls its burn-in steps without gradient) and reset at every
+     episode start, the window's first step too.
 Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ class Config(RunConfig):
     seq_len: int = 20
     """T: steps per sequence that count in the loss"""
     burn_in: int = 10
-    """sequence only: steps unrolled before each sequence without counting in the loss"""
+    """sequence only: steps unrolled before each sequence, without gradient and out of the loss (R2D2)"""
     buffer_size: int = 100_000
     """replay capacity in frames (a multiple of num_envs)"""
     learning_starts: int = 2_000
@@ -224,6 +225,7 @@ def make_loss(cfg: Config, qnet, rnn):
         qnet, rnn, gamma=cfg.gamma, n_steps=cfg.n_steps, double_dqn=cfg.double_dqn,
         initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
         mask_key=None if cfg.replay == "streams" else LEARN,
+        burn_in=cfg.burn_in if cfg.replay == "sequence" else 0,  # unrolled without gradient (R2D2)
     )
     updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
                else SoftUpdate(loss, tau=cfg.tau))

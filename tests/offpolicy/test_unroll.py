@@ -195,3 +195,56 @@ def test_stored_and_zero_initial_states():
     assert torch.equal(stored._start(td, "online")[0], h0[0]) and zero._start(td, "online") is None
     with stored.value_network_params.to_module(net):
         torch.testing.assert_close(unroll_with_next(net, rnn, td, stored._start(td, "online")).values, want)
+
+
+def test_a_pass_without_bootstrap_gives_the_values_and_final_state_only():
+    net, rnn = q_network("lstm")
+    td = make_chunk()
+    g = torch.Generator().manual_seed(2)
+    h0 = tuple(torch.randn(3, 1, HIDDEN, generator=g, dtype=torch.float64) for _ in range(2))
+    out = unroll_with_next(net, rnn, td, h0, bootstrap=False)
+    values, _, finals = reference(net, rnn, td, lambda b: tuple(h[b:b + 1] for h in h0))
+    torch.testing.assert_close(out.values, values)
+    for i in range(2):
+        torch.testing.assert_close(out.final_state[i], torch.cat([f[i] for f in finals]))
+    assert out.next_values is None and out.recurrent_steps == 3 * 9  # no final observation, no chunk end
+
+
+@pytest.mark.parametrize("clear_start", [False, True], ids=["flagged", "done_only"])
+def test_burn_in_equals_the_loss_on_the_rest_from_the_state_a_per_step_loop_reaches(clear_start):
+    """burn_in=K: the first K steps only rebuild the memory, without gradient (R2D2); the
+    loss and its gradients equal those of the rest, started from the state a per-step loop
+    reaches after step K - 1 (zeros where the episode ends there)."""
+    burn_in = 3
+    net, rnn = q_network()
+    td = make_chunk()  # row 0 terminates at step 2: its rest starts an episode
+    g = torch.Generator().manual_seed(3)
+    td["q_state"] = torch.randn(3, 9, 1, HIDDEN, generator=g, dtype=torch.float64)  # stored memories
+    if clear_start:  # an episode end at the burn-in's last step, without is_first after it
+        td["is_first"][0, burn_in] = False
+    with torch.no_grad():
+        _, _, finals = reference(net, rnn, td[:, :burn_in], lambda b: (td["q_state"][b:b + 1, 0],))
+    rest = td[:, burn_in:].clone()
+    rest["q_state"][:, 0] = torch.cat([f[0] for f in finals])
+    rest["is_first"][0, 0] = True
+    results = []
+    for loss, batch in ((dqn_loss(net, rnn, initial_state="stored", n_steps=2, burn_in=burn_in), td),
+                        (dqn_loss(net, rnn, initial_state="stored", n_steps=2), rest)):
+        out = loss(batch)
+        results.append((out, torch.autograd.grad(out["loss"], list(net.parameters()))))
+    (out, grads), (want, want_grads) = results
+    torch.testing.assert_close(out["loss"], want["loss"])
+    for grad, want_grad in zip(grads, want_grads):
+        torch.testing.assert_close(grad, want_grad)
+    # both networks: the burn-in's 3 x 3 steps without bootstrap, plus the rest's unroll
+    assert int(out["recurrent_steps"]) == int(want["recurrent_steps"]) + 2 * 3 * burn_in
+    assert td["is_first"][0, burn_in] == (not clear_start)  # the caller's batch is left as it was
+
+
+def test_burn_in_leaving_no_step_is_refused():
+    net, rnn = q_network()
+    with pytest.raises(ValueError, match="burn_in"):
+        dqn_loss(net, rnn, initial_state="stored", burn_in=-1)
+    loss = dqn_loss(net, rnn, initial_state="zero", burn_in=9)
+    with pytest.raises(ValueError, match="burn_in=9 leaves none"):
+        loss(make_chunk(steps=9))

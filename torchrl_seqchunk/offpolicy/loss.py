@@ -44,6 +44,9 @@ class RecurrentDQNLoss(LossModule):
     * ``"zero"``: from zeros.
 
     Every row resets to zeros at ``is_first`` (also at ``t = 0``) and after a done step.
+    With ``burn_in=K`` each network first unrolls every row's first ``K`` steps without
+    gradient, from that start, only to rebuild its memory (R2D2's burn-in, Kapturowski et
+    al., ICLR 2019); the loss then covers steps ``K..T-1`` from the state reached there.
     The target network is TorchRL's (``delay_value=True``: update it with
     ``SoftUpdate`` / ``HardUpdate``).
 
@@ -66,17 +69,21 @@ class RecurrentDQNLoss(LossModule):
             ``"categorical"`` (``[B, T]`` or ``[B, T, 1]``). Default ``"one_hot"``.
         mask_key (NestedKey, optional): bool ``[B, T]`` (or ``[B, T, 1]``), the steps that
             count in the loss (e.g. a window's learning region); the others only unroll.
+        burn_in (int): steps at the start of every row unrolled without gradient, out of
+            the loss and of the targets, ``>= 0`` and below the batch's T. Default ``0``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
     Returns (forward):
         TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached) and
-        ``"recurrent_steps"`` (recurrent steps computed by both networks, ``int64``).
+        ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in
+        included, ``int64``).
 
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
             state whose rows differ from the batch (call :meth:`reset_carry` when the
-            number of streams changes), or the errors of ``unroll_with_next``.
+            number of streams changes), a batch of at most ``burn_in`` steps, or the
+            errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
@@ -123,6 +130,7 @@ class RecurrentDQNLoss(LossModule):
         loss_function: str = "smooth_l1",
         action_space: str = "one_hot",
         mask_key: NestedKey | None = None,
+        burn_in: int = 0,
         action_key: NestedKey = "action",
         action_value_key: NestedKey = "action_value",
         reward_key: NestedKey = ("next", "reward"),
@@ -133,6 +141,7 @@ class RecurrentDQNLoss(LossModule):
         super().__init__()
         self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
         self.n_steps = check_int("n_steps", n_steps, low=1)
+        self.burn_in = check_int("burn_in", burn_in, low=0)
         if initial_state not in _INITIAL_STATES:
             raise ValueError(f"initial_state must be one of {_INITIAL_STATES}, got {initial_state!r}.")
         if action_space not in ("one_hot", "categorical"):
@@ -187,16 +196,40 @@ class RecurrentDQNLoss(LossModule):
         return carry
 
     # -- loss ----------------------------------------------------------------
-    def _unroll(self, params, tensordict: TensorDictBase, name: str):
+    def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None):
+        start = self._start(tensordict if warm is None else warm, name)
+        burnt = 0
         with params.to_module(self.value_network, preserve_module_state=False):
+            if warm is not None:
+                with torch.no_grad():
+                    warmed = unroll_with_next(self.value_network, self.rnn[0], warm, start, bootstrap=False,
+                                              value_key=self.keys["action_value"], done_key=self.keys["done"])
+                start, burnt = warmed.final_state, warmed.recurrent_steps
             out = unroll_with_next(
-                self.value_network, self.rnn[0], tensordict, self._start(tensordict, name),
+                self.value_network, self.rnn[0], tensordict, start,
                 value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
                 done_key=self.keys["done"],
             )
         if self.initial_state == "carry":
             self._carries[name] = tuple(h.detach() for h in out.final_state)
-        return out
+        return out._replace(recurrent_steps=out.recurrent_steps + burnt)
+
+    def _split(self, tensordict: TensorDictBase):
+        """``(burn-in steps or None, the rest)``; an episode ending at the burn-in's last step
+        starts a new one at the rest's first."""
+        if not self.burn_in:
+            return None, tensordict
+        if tensordict.shape[1] <= self.burn_in:
+            raise ValueError(
+                f"the batch has {tensordict.shape[1]} steps per row, burn_in={self.burn_in} leaves "
+                "none for the loss: sample longer sequences or lower burn_in."
+            )
+        warm, rest = tensordict[:, : self.burn_in], tensordict[:, self.burn_in:].clone(False)
+        first_key = self.rnn[0].is_first_key
+        first = rest.get(first_key).clone()
+        first[:, 0] |= warm.get(self.keys["done"])[:, -1].reshape(first[:, 0].shape)
+        rest.set(first_key, first)
+        return warm, rest
 
     def _pick(self, values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         if self.action_space == "one_hot":
@@ -206,10 +239,11 @@ class RecurrentDQNLoss(LossModule):
         return values.gather(-1, action.long())
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        online = self._unroll(self.value_network_params, tensordict, "online")
+        warm, tensordict = self._split(tensordict)
+        online = self._unroll(self.value_network_params, tensordict, "online", warm)
         with torch.no_grad():
             if self.delay_value:
-                target = self._unroll(self.target_value_network_params, tensordict, "target")
+                target = self._unroll(self.target_value_network_params, tensordict, "target", warm)
             else:
                 target = online
             target_next = target.next_values.detach()

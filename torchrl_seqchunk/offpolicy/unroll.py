@@ -36,8 +36,9 @@ class Unroll(NamedTuple):
 
     Attributes:
         values (Tensor): ``network``'s ``value_key`` at every step, ``[B, T, *V]``.
-        next_values (Tensor): its value at the observation each step reaches, under the
-            memory after that step, ``[B, T, *V]`` (arbitrary after a terminated step).
+        next_values (Tensor or None): its value at the observation each step reaches, under
+            the memory after that step, ``[B, T, *V]`` (arbitrary after a terminated step);
+            ``None`` from a pass with ``bootstrap=False``.
         final_state (tuple of Tensor): the state after step ``T - 1``, one ``[B, *S]``
             per entry of ``rnn.state_keys`` (what a stream carries to its next chunk).
         recurrent_steps (int): recurrent steps computed, summed over rows (padding included).
@@ -73,6 +74,7 @@ def unroll_with_next(
     observation_keys: list | None = None,
     terminated_key: NestedKey = ("next", "terminated"),
     done_key: NestedKey = ("next", "done"),
+    bootstrap: bool = True,
 ) -> Unroll:
     """Unrolls ``network`` over a ``[B, T]`` chunk, returning its values at every step and
     at every step's next observation, each under the memory it belongs to.
@@ -103,6 +105,9 @@ def unroll_with_next(
         observation_keys (list of NestedKey, optional): the step's inputs. Default: the
             network's ``in_keys`` other than the rnn's flag and state keys.
         terminated_key, done_key (NestedKey): TorchRL's ``"next"`` flags.
+        bootstrap (bool): ``False``: the values and the final state only (a burn-in pass:
+            no final observation inserted, no step at the chunk's end, ``next_values`` is
+            ``None``, ``("next", ...)`` observations unread). Default ``True``.
 
     Returns:
         Unroll: ``values``, ``next_values``, ``final_state``, ``recurrent_steps``.
@@ -164,7 +169,8 @@ def unroll_with_next(
     starts = is_first.clone()
     starts[:, 1:] |= done[:, :-1]  # nothing crosses an episode's end, flagged or not
     insert = torch.zeros_like(starts)
-    insert[:, :-1] = starts[:, 1:] & ~terminated[:, :-1]  # a final observation to evaluate
+    if bootstrap:
+        insert[:, :-1] = starts[:, 1:] & ~terminated[:, :-1]  # a final observation to evaluate
 
     # positions in the unrolled row: left padding, steps, each insertion after its step
     inserted = insert.long()
@@ -191,8 +197,8 @@ def unroll_with_next(
 
     both = {}
     for key in observation_keys:
-        now, nxt = get(key), get(unravel_key(("next", key)))
-        both[key] = torch.cat([now, nxt], 1)  # [B, 2T, *obs]
+        # source indices T.. (final observations) appear only where insert is set
+        both[key] = torch.cat([get(key), get(unravel_key(("next", key)))], 1) if bootstrap else get(key)
     gathered = TensorDict(
         {k: v.gather(1, source.view(batch, length, *[1] * (v.dim() - 2)).expand(
             batch, length, *v.shape[2:])) for k, v in both.items()},
@@ -215,6 +221,8 @@ def unroll_with_next(
     with set_recurrent_mode(True):
         out = network(gathered)
         final = _final_state(rnn)
+        if not bootstrap:
+            return Unroll(_gather_steps(out.get(value_key), pos), None, final, batch * length)
         end = TensorDict(
             {k: get(unravel_key(("next", k)))[:, -1:] for k in observation_keys},
             batch_size=[batch, 1],
@@ -224,11 +232,12 @@ def unroll_with_next(
             end.set(key, h.unsqueeze(1))
         end_value = network(end).get(value_key)  # [B, 1, *V]
     value = out.get(value_key)  # [B, length, *V]
-
-    def at(index: torch.Tensor) -> torch.Tensor:
-        shape = (*index.shape, *value.shape[2:])
-        return value.gather(1, index.view(*index.shape, *[1] * (value.dim() - 2)).expand(shape))
-
     next_pos = torch.where(insert, pos + 1, pos.roll(-1, 1))[:, :-1]
-    next_values = torch.cat([at(next_pos), end_value], 1)
-    return Unroll(at(pos), next_values, final, batch * (length + 1))
+    next_values = torch.cat([_gather_steps(value, next_pos), end_value], 1)
+    return Unroll(_gather_steps(value, pos), next_values, final, batch * (length + 1))
+
+
+def _gather_steps(value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``value[b, index[b, t]]``: ``value [B, L, *V]``, ``index [B, T]`` -> ``[B, T, *V]``."""
+    shape = (*index.shape, *value.shape[2:])
+    return value.gather(1, index.view(*index.shape, *[1] * (value.dim() - 2)).expand(shape))
