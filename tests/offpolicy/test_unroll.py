@@ -248,3 +248,13 @@ def test_burn_in_leaving_no_step_is_refused():
     loss = dqn_loss(net, rnn, initial_state="zero", burn_in=9)
     with pytest.raises(ValueError, match="burn_in=9 leaves none"):
         loss(make_chunk(steps=9))
+
+
+def test_burn_in_refuses_float_flags_and_stored_needs_the_state_key():
+    net, rnn = q_network()
+    td = make_chunk()
+    td["is_first"] = td["is_first"].double()
+    with pytest.raises(TypeError, match="torch.bool"):
+        dqn_loss(net, rnn, initial_state="zero", burn_in=3)(td)
+    with pytest.raises(ValueError, match="q_state"):  # make_chunk stores no memory
+        dqn_loss(net, rnn, initial_state="stored")(make_chunk())

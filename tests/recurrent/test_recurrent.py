@@ -889,3 +889,33 @@ def test_fused_matches_loop_without_bias_and_with_dropout(cell):
     torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=0)
     for a, b in zip([*h, *g], [*h_loop, *g_loop]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_fused_lstm_resets_clear_non_finite_states_and_refuses_double_backward():
+    """A reset to zeros replaces a NaN or inf state (as the loop backend does), also inside
+    the chunk; the fused backward is not differentiable and says so."""
+    rnn = nn.LSTM(F, H, batch_first=True)
+    x = torch.randn(3, T, F)
+    x[1, 1] = float("nan")  # row 1 is poisoned from step 1 until its reset at step 3
+    is_first = torch.zeros(3, T, dtype=torch.bool)
+    is_first[1, 3] = is_first[2, 0] = True
+    h0 = (torch.zeros(3, 1, H), torch.zeros(3, 1, H))
+    h0[0][2] = h0[1][2] = float("inf")  # row 2 starts from inf, reset at t = 0
+    y, _ = rnn_with_resets(rnn, x, is_first, h0, backend="fused")
+    y_ref, _ = rnn_with_resets(rnn, x, is_first, h0, backend="loop")
+    assert y[1, 1:3].isnan().all() and y[1, 3:].isfinite().all() and y[2].isfinite().all()
+    torch.testing.assert_close(y[1, 3:], y_ref[1, 3:])
+    x = torch.randn(2, T, F, requires_grad=True)
+    y, _ = rnn_with_resets(rnn, x, torch.zeros(2, T, dtype=torch.bool), backend="fused")
+    with pytest.raises(RuntimeError, match="backend='loop'"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "fused"])
+def test_fused_lstm_runs_an_empty_batch(backend):
+    rnn = nn.LSTM(F, H, batch_first=True)
+    y, (h, c) = rnn_with_resets(rnn, torch.randn(0, 3, F, requires_grad=True),
+                                torch.zeros(0, 3, dtype=torch.bool), backend=backend)
+    assert y.shape == (0, 3, H) and h.shape == c.shape == (0, 1, H)
+    (y.sum() + h.sum() + c.sum()).backward()
+    assert not rnn.weight_hh_l0.grad.any()

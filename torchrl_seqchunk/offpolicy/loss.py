@@ -186,6 +186,13 @@ class RecurrentDQNLoss(LossModule):
         if self.initial_state == "zero":
             return None
         if self.initial_state == "stored":
+            missing = [k for k in self.rnn[0].state_keys if k not in tensordict.keys(True)]
+            if missing:
+                raise ValueError(
+                    f"initial_state='stored' starts every row from the memory stored at its first step, "
+                    f"but the batch has no {missing}: store the acting ResetRNN's state keys in the replay, "
+                    "or use initial_state='zero'."
+                )
             return tuple(tensordict.get(k)[:, 0] for k in self.rnn[0].state_keys)
         carry = self._carries[name]
         if carry is not None and carry[0].shape[0] != tensordict.shape[0]:
@@ -227,6 +234,8 @@ class RecurrentDQNLoss(LossModule):
         warm, rest = tensordict[:, : self.burn_in], tensordict[:, self.burn_in:].clone(False)
         first_key = self.rnn[0].is_first_key
         first = rest.get(first_key).clone()
+        if first.dtype != torch.bool:
+            raise TypeError(f"{first_key!r} has dtype {first.dtype}; flags must be torch.bool, convert with .bool().")
         first[:, 0] |= warm.get(self.keys["done"])[:, -1].reshape(first[:, 0].shape)
         rest.set(first_key, first)
         return warm, rest

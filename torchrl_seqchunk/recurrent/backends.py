@@ -81,8 +81,10 @@ def _loop(rnn, x, reset, h0, reset_value, *, layout):
 
 
 def _few_segments(bounds, reset) -> bool:
-    """At most one reset-free segment per 4 steps: native calls per segment beat stepping."""
-    return 4 * (len(bounds) - 1) <= reset.shape[1]
+    """No reset inside the chunk, or at most one reset-free segment per 4 steps: native calls
+    per segment beat stepping."""
+    segments = len(bounds) - 1
+    return segments == 1 or 4 * segments <= reset.shape[1]
 
 
 def _segment_bounds(reset) -> list:
