@@ -179,7 +179,8 @@ class _LSTMLayer(torch.autograd.Function):
         double[2 * size: 3 * size] = 2.0
         time, batch = reset.t().shape
         x_flat = x.transpose(0, 1).reshape(time * batch, x.shape[-1])  # time-major: one 2-D product
-        gates = F.linear(x_flat, w_ih * double, None if b_ih is None else b_ih * double[:, 0]).view(time, batch, 4 * size)
+        bias = None if b_ih is None else b_ih * double[:, 0]
+        gates = F.linear(x_flat, w_ih * double, bias).view(time, batch, 4 * size)
         if b_hh is not None:
             gates += b_hh * double[:, 0]  # [T, B, 4H]: W_ih x + b now, + W_hh h in place at each step
         w_hh_t = (w_hh * double).t()
