@@ -40,7 +40,8 @@ from bench_learning import plot_runs  # benchmarks/bench_learning.py
 from toolkit import EXAMPLES, options  # benchmarks/toolkit.py
 from tqdm import tqdm
 
-TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0": ("eval_success", 0.9)}
+TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0": ("eval_success", 0.9),
+           "MiniGrid-DoorKey-8x8-v0": ("eval_success", 0.9)}
 FIELDS = ["env", "arm", "seed", "frames", "wall_s", "max_starting_point", "eval_return", "eval_success"]
 
 

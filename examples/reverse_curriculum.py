@@ -50,13 +50,15 @@ DATA = Path(__file__).resolve().parent / "data"
 TASKS = {
     "MountainCar-v0": (DATA / "mountain_car_demo.npz", ("return", -110.0), 20.0),
     "MiniGrid-DoorKey-5x5-v0": (DATA / "minigrid_doorkey_demo.npz", ("success", 0.9), 0.072),
+    # MiniGrid pays 1 - 0.9 * steps / max_steps at the goal, max_steps 640 on the 8x8 grid
+    "MiniGrid-DoorKey-8x8-v0": (DATA / "minigrid_doorkey8_demo.npz", ("success", 0.9), 0.9 * 20 / 640),
 }
 
 
 @dataclasses.dataclass
 class Config(MainConfig):
     env: str = "MountainCar-v0"
-    """gymnasium id; demos ship for MountainCar-v0 and MiniGrid-DoorKey-5x5-v0 (the minigrid extra)"""
+    """gymnasium id; demos ship for MountainCar-v0 and MiniGrid-DoorKey-5x5-v0 / -8x8-v0 (the minigrid extra)"""
     env_batching: Literal["serial", "parallel"] = "serial"
     """serial (TorchRL SerialEnv) or parallel (ParallelEnv workers): each env restores demo states of its own"""
     demo: str = ""

@@ -1,12 +1,13 @@
 """Records the shipped demonstrations of the sparse-reward tasks (see README.md beside it).
 
-    python examples/data/record_demos.py            # writes both .npz files here
+    python examples/data/record_demos.py            # writes the .npz files here
     python examples/data/record_demos.py --check    # re-records and compares with the shipped files
 
 - ``mountain_car_demo.npz``: ``MountainCar-v0`` from ``reset(seed=0)``, a hand policy that
   pushes in the direction of the velocity (right when it is 0).
-- ``minigrid_doorkey_demo.npz``: ``MiniGrid-DoorKey-5x5-v0`` from ``reset(seed=0)``, a
-  breadth-first planner on the full grid: to the key, pick it up, to the door, open it, to the goal.
+- ``minigrid_doorkey_demo.npz`` and ``minigrid_doorkey8_demo.npz``: ``MiniGrid-DoorKey-5x5-v0``
+  and ``MiniGrid-DoorKey-8x8-v0`` from ``reset(seed=0)``, a breadth-first planner on the full
+  grid: to the key, pick it up, to the door, open it, to the goal.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from torchrl_seqchunk import Demo, record_demo
 
 HERE = Path(__file__).resolve().parent
 MOUNTAIN_CAR = HERE / "mountain_car_demo.npz"
-DOORKEY = HERE / "minigrid_doorkey_demo.npz"
-DOORKEY_ID = "MiniGrid-DoorKey-5x5-v0"
+DOORKEYS = {"MiniGrid-DoorKey-5x5-v0": HERE / "minigrid_doorkey_demo.npz",
+            "MiniGrid-DoorKey-8x8-v0": HERE / "minigrid_doorkey8_demo.npz"}
 SEED = 0
 
 
@@ -70,9 +71,9 @@ def _plan(grid, start: tuple[int, int, int], goal) -> tuple[list[int], tuple[int
     raise RuntimeError("the planner found no path")
 
 
-def doorkey_actions(seed: int = SEED) -> list[int]:
+def doorkey_actions(env_id: str, seed: int = SEED) -> list[int]:
     """Key, door, goal: the shortest path to each, planned on the env's full grid."""
-    env = gym.make(DOORKEY_ID)
+    env = gym.make(env_id)
     env.reset(seed=seed)
     grid = env.unwrapped.grid
 
@@ -102,16 +103,16 @@ def record_all() -> dict[Path, Demo]:
     import minigrid  # noqa: F401  (registers the MiniGrid ids)
 
     source = "examples/data/record_demos.py"
-    return {
+    demos = {
         MOUNTAIN_CAR: record_demo(
             gym.make("MountainCar-v0"), mountain_car_actions(), seed=SEED,
             meta={"source": f"{source}: push in the direction of the velocity"},
         ),
-        DOORKEY: record_demo(
-            gym.make(DOORKEY_ID), doorkey_actions(), seed=SEED,
-            meta={"source": f"{source}: breadth-first planner, key -> door -> goal"},
-        ),
     }
+    for env_id, path in DOORKEYS.items():
+        demos[path] = record_demo(gym.make(env_id), doorkey_actions(env_id), seed=SEED,
+                                  meta={"source": f"{source}: breadth-first planner, key -> door -> goal"})
+    return demos
 
 
 def main() -> None:

@@ -42,6 +42,8 @@ def test_defaults_resolve_per_task():
     cfg = job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0"])
     assert cfg.demo_path.endswith("minigrid_doorkey_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 250)
     assert cfg.name == "MiniGrid-DoorKey-5x5-v0_curriculum_seed0"
+    cfg = job.parse_args(["--env", "MiniGrid-DoorKey-8x8-v0"])
+    assert cfg.demo_path.endswith("minigrid_doorkey8_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 640)
     assert job.parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
 
 

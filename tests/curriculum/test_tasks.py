@@ -19,6 +19,8 @@ TASKS = {  # env id -> (demo file, gymnasium env as the example builds it)
     "MountainCar-v0": ("mountain_car_demo.npz", lambda: gym.make("MountainCar-v0")),
     "MiniGrid-DoorKey-5x5-v0": (
         "minigrid_doorkey_demo.npz", lambda: EncodeObservation(ImgObsWrapper(gym.make("MiniGrid-DoorKey-5x5-v0")))),
+    "MiniGrid-DoorKey-8x8-v0": (
+        "minigrid_doorkey8_demo.npz", lambda: EncodeObservation(ImgObsWrapper(gym.make("MiniGrid-DoorKey-8x8-v0")))),
 }
 
 
@@ -52,6 +54,8 @@ def test_shipped_demo_returns():
     doorkey, _ = load("MiniGrid-DoorKey-5x5-v0")
     # MiniGrid pays 1 - 0.9 * steps / max_steps at the goal, max_steps = 250 on 5x5
     assert len(doorkey) == 11 and doorkey.total == pytest.approx(1 - 0.9 * 11 / 250)
+    doorkey8, _ = load("MiniGrid-DoorKey-8x8-v0")  # max_steps = 640 on 8x8
+    assert len(doorkey8) == 17 and doorkey8.total == pytest.approx(1 - 0.9 * 17 / 640)
 
 
 @pytest.mark.parametrize("env_id", TASKS)
