@@ -17,6 +17,7 @@ from tensordict.utils import NestedKey
 from torchrl.objectives import LossModule
 from torchrl.objectives.utils import distance_loss
 
+from .._boundaries import read_entry
 from .._checks import check_int, check_real
 from .targets import boundary_nstep_targets
 from .unroll import unroll_with_next
@@ -233,10 +234,8 @@ class RecurrentDQNLoss(LossModule):
             )
         warm, rest = tensordict[:, : self.burn_in], tensordict[:, self.burn_in:].clone(False)
         first_key = self.rnn[0].is_first_key
-        first = rest.get(first_key).clone()
-        if first.dtype != torch.bool:
-            raise TypeError(f"{first_key!r} has dtype {first.dtype}; flags must be torch.bool, convert with .bool().")
-        first[:, 0] |= warm.get(self.keys["done"])[:, -1].reshape(first[:, 0].shape)
+        first = read_entry(rest, "is_first_key", first_key, flag=True, required=True).clone()  # [B, T - K, 1]
+        first[:, 0] |= read_entry(warm, "done_key", self.keys["done"], flag=True, required=True)[:, -1]
         rest.set(first_key, first)
         return warm, rest
 

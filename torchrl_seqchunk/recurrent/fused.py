@@ -200,9 +200,9 @@ class _LSTMLayer(torch.autograd.Function):
             c = torch.mul(f[t], c, out=c_after[t]).addcmul_(i[t], half_g[t], value=2.0).sub_(i[t])
             half_tanh_c = torch.sigmoid(torch.mul(c, 2.0, out=tanh_c[t]), out=tanh_c[t])
             h = torch.mul(o[t], half_tanh_c, out=y[t]).mul_(2.0).sub_(o[t])  # o tanh(c)
-        tanh_c.mul_(2.0).sub_(1.0)
-        g = half_g.mul(2.0).sub_(1.0)
-        if any(ctx.needs_input_grad):
+        if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
+            tanh_c.mul_(2.0).sub_(1.0)
+            g = half_g.mul(2.0).sub_(1.0)
             # the states before every step, after its reset: the previous step's, or the reset value
             hp, cp = torch.cat([h0.unsqueeze(0), y[:-1]]), torch.cat([c0.unsqueeze(0), c_after[:-1]])
             hp = hp.masked_fill(mask, 0.0) if h_value is None else torch.where(mask, h_value.transpose(0, 1), hp)
@@ -230,7 +230,7 @@ class _LSTMLayer(torch.autograd.Function):
         dc = _zero_if_none(dc_last, cp[0])
         resets_at = reset.any(0).tolist()
         mask = reset.t().unsqueeze(-1)  # [T, B, 1]
-        values = [torch.zeros_like(hp), torch.zeros_like(cp)] if ctx.has_value else None
+        values = [torch.empty_like(hp), torch.empty_like(cp)] if ctx.has_value else None  # zeroed off resets below
         zero = torch.zeros_like(dc)
         for t in range(time - 1, -1, -1):
             dc = torch.addcmul(dc, dh, k_h[t])
