@@ -114,7 +114,27 @@ def test_observation_norm_counts_only_the_envs_reset_and_resumes():
     o = obs[0]
     torch.testing.assert_close(resumed._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"],
                                norm._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"])
-    with pytest.raises(ValueError, match=r"'observation' has features \[2\], the statistics \[3\]"):
+    with pytest.raises(ValueError, match=r"'observation' has features \[2\], the transform statistics of features \[3\]"):
         norm._step(TensorDict({}, [3]), TensorDict({"observation": torch.zeros(3, 2)}, [3]))
     with pytest.raises(ValueError, match="eps must be > 0"):
         RunningObservationNorm(eps=0)
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        RunningObservationNorm(clip=0.0)
+
+
+def test_observation_norm_clips_a_value_a_constant_feature_never_took():
+    # feature 0 constant at 2.0 (std 0, at the floor 1e-4), feature 1 alternating 0, 4 (mean 2, std 2)
+    seen = torch.tensor([[2.0, 0.0], [2.0, 4.0]] * 3)
+    plain, clipped = RunningObservationNorm(), RunningObservationNorm(clip=10.0)
+    for norm in (plain, clipped):
+        norm.normalize(seen, batch_dims=1)
+    new = torch.tensor([[3.0, 4.0]])  # by hand: (3 - 2) / 1e-4 = 1e4, (4 - 2) / 2 = 1 before the merge
+    frozen_plain, frozen_clipped = plain.frozen_copy(), clipped.frozen_copy()
+    torch.testing.assert_close(frozen_plain.normalize(new), torch.tensor([[1e4, 1.0]]))
+    torch.testing.assert_close(frozen_clipped.normalize(new), torch.tensor([[10.0, 1.0]]))
+    assert frozen_clipped.count.item() == 6 and frozen_clipped.clip == 10.0  # frozen: nothing merged
+    torch.testing.assert_close(frozen_clipped.mean, torch.tensor([2.0, 2.0], dtype=torch.float64))
+    clipped.normalize(new)  # the original goes on merging; its copy does not follow
+    assert clipped.count.item() == 7 and frozen_clipped.count.item() == 6
+    with pytest.raises(ValueError, match="no statistics to normalize by"):
+        RunningObservationNorm(frozen=True).normalize(new)

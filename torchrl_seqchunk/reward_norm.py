@@ -154,12 +154,23 @@ class RunningObservationNorm(Transform):
         counts every row of the reset, and a ``SerialEnv`` and a gymnasium vector env fill
         the rows not reset differently, so with this transform both give the same statistics.
 
+    A feature that has been (nearly) constant has a standard deviation at the floor ``eps``, so
+    a value it has not taken before comes out at up to ``1 / eps`` (1e4) standard deviations:
+    the grid cells of a MiniGrid view seen only on one layout, then on another. ``clip`` bounds
+    the normalized values (``VecNormalize``'s ``clip_obs`` of OpenAI baselines and
+    Stable-Baselines3, 10 there); ``VecNormV2`` does not clip, so the default does not either.
+
     Keyword Args:
         in_key (NestedKey): the observation, float ``[*batch, *F]``. Default ``"observation"``.
         eps (float): floor of the standard deviation (> 0). Default 1e-4, ``VecNormV2``'s.
+        clip (float, optional): normalized values are clamped to ``[-clip, clip]`` (> 0);
+            ``None``: not clamped. Default ``None``.
+        frozen (bool): normalize with the statistics as they are, merging nothing (an
+            evaluation env beside the training one: :meth:`frozen_copy`). Default ``False``.
 
     Raises:
-        ValueError: ``eps`` not positive or not finite. TypeError: ``eps`` not a real number.
+        ValueError: ``eps`` or ``clip`` not positive or not finite. TypeError: ``eps`` or
+            ``clip`` not a real number.
 
     Examples:
         >>> from torchrl.envs import GymEnv, TransformedEnv
@@ -169,13 +180,23 @@ class RunningObservationNorm(Transform):
         True
     """
 
-    def __init__(self, *, in_key: NestedKey = "observation", eps: float = 1e-4):
+    def __init__(self, *, in_key: NestedKey = "observation", eps: float = 1e-4, clip: float | None = None,
+                 frozen: bool = False):
         eps = check_real("eps", eps, low=0.0, open_low=True)
+        if clip is not None:
+            clip = check_real("clip", clip, low=0.0, open_low=True)
         super().__init__(in_keys=[in_key], out_keys=[in_key])
-        self.key, self.eps = in_key, eps
+        self.key, self.eps, self.clip, self.frozen = in_key, eps, clip, bool(frozen)
         for name in ("mean", "var"):  # [*F], shaped by the first observation
             self.register_buffer(name, torch.zeros(0, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def frozen_copy(self) -> RunningObservationNorm:
+        """A transform that normalizes by this one's statistics as they are now, merging nothing
+        (the same ``in_key``, ``eps`` and ``clip``; the statistics copied, not shared)."""
+        copy = RunningObservationNorm(in_key=self.key, eps=self.eps, clip=self.clip, frozen=True)
+        copy.load_state_dict(self.state_dict())
+        return copy
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         for name in ("mean", "var"):  # a fresh transform takes the saved feature shape
@@ -195,10 +216,12 @@ class RunningObservationNorm(Transform):
                 statistics (a partial reset's envs reset); ``None``: every row.
 
         Returns:
-            Tensor: ``(obs - mean) / max(sqrt(var), eps)``, the shape and dtype of ``obs``.
+            Tensor: ``(obs - mean) / max(sqrt(var), eps)`` (clamped to ``[-clip, clip]`` with a
+            ``clip``), the shape and dtype of ``obs``; a ``frozen`` transform merges nothing.
 
         Raises:
-            ValueError: if the features ``F`` differ from those the statistics were made for.
+            ValueError: if the features ``F`` differ from those the statistics were made for,
+                or the transform is ``frozen`` with no statistics yet.
             TypeError: if ``counted`` is not bool.
         """
         if counted is not None and counted.dtype != torch.bool:
@@ -206,15 +229,20 @@ class RunningObservationNorm(Transform):
                             "tensor would index rows instead.")
         features = obs.shape[batch_dims:]
         if self.mean.shape != features:
-            if self.count:
-                raise ValueError(f"{self.key!r} has features {list(features)}, the statistics "
-                                 f"{list(self.mean.shape)}; one transform per observation shape.")
+            if self.count or self.frozen:
+                have = "no statistics to normalize by (frozen before any observation)" if not self.count else \
+                    f"statistics of features {list(self.mean.shape)}"
+                raise ValueError(f"{self.key!r} has features {list(features)}, the transform {have}; one "
+                                 "transform per observation shape, frozen once it has seen observations.")
             self.mean = torch.zeros(features, dtype=torch.float64, device=obs.device)
             self.var = torch.zeros_like(self.mean)
-        rows = obs.reshape(-1, *features)
-        _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted])
-        scale = self.var.sqrt().clamp_min(self.eps)
-        return ((obs - self.mean) / scale).to(obs.dtype)
+        if not self.frozen:
+            rows = obs.reshape(-1, *features)
+            _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted])
+        normalized = (obs - self.mean) / self.var.sqrt().clamp_min(self.eps)
+        if self.clip is not None:
+            normalized = normalized.clamp(-self.clip, self.clip)
+        return normalized.to(obs.dtype)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         obs = next_tensordict.get(self.key)
