@@ -23,10 +23,23 @@ def test_move_rule_nudges_forward_when_mass_never_reached():
     assert manager.update() == 999  # capped at the demo's last index
 
 
-def test_move_rule_never_jumps_forward():
-    manager = ResetManager(1000, 8, window=32, maximum=400)
+def test_move_rule_moves_forward_only_by_the_nudge():
+    manager = ResetManager(1000, 8, window=32, maximum=400, nudge=100)
     manager.record(torch.arange(500, 504), torch.ones(4, dtype=torch.bool))
-    assert manager.update() == 400  # mass reached at 503 > 400: stay
+    assert manager.update() == 500  # mass reached at 503 only, above 400: nudged, not moved to 503
+
+
+def test_rates_above_the_maximum_do_not_hold_it_after_a_collapse():
+    # window 4, mass 0.5 * 4 = 2: points 9..12 succeed (rates 1), the maximum moves back to 10
+    # (cumsum 1, 2 at 9, 10); then every episode from 10..7 fails
+    manager = ResetManager(20, 4, window=4, move_threshold=0.5, nudge=4, maximum=12)
+    manager.record([12, 11, 10, 9], [True] * 4)
+    assert manager.update() == 10
+    manager.record([10, 9, 8, 7], [False] * 4)
+    # rates now 0 at 7..10, 1 at 11, 12: the cumsum reaches 2 at 12 > 10, so nudged by 4 to 14
+    # (the stale rates at 11 and 12 would otherwise hold the maximum at 10 for good)
+    assert manager.update() == 14
+    assert manager.rates[11].item() == 1.0 and manager.rates[10].item() == 0.0
 
 
 def test_success_rate_is_fraction_of_the_batch():
@@ -51,7 +64,7 @@ def reference_move(rates, maximum, threshold, window, nudge, last):
     for index, rate in enumerate(rates):
         total += rate
         if total >= threshold * min(window, index + 1) - 1e-9:
-            return min(maximum, index)
+            return index if index <= maximum else min(maximum + nudge, last)
     return min(maximum + nudge, last)
 
 

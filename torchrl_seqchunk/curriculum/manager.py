@@ -27,9 +27,12 @@ class ResetManager:
       are multiplied by ``decay`` first). The new maximum is the first index
       ``i`` where the cumulative sum of stored rates from index 0 reaches
       ``move_threshold * min(window, i + 1)`` (the mass the points ``0..i``
-      can hold, so the maximum can reach 0), but never above the current maximum (the
-      rule only moves backward). If the mass is never reached, the maximum is
-      nudged forward by ``nudge``, capped at ``demo_length - 1``.
+      can hold, so the maximum can reach 0), if that index is at or below the
+      current maximum (the rule only moves backward). If no point at or below
+      the current maximum reaches the mass (success collapsed where episodes now
+      start), the maximum is nudged forward by ``nudge``, capped at
+      ``demo_length - 1``: the rates of points above the maximum, measured before
+      it moved back below them, do not hold it there.
 
     .. note::
         The schedule moves backward by itself only with at least two distinct
@@ -201,8 +204,8 @@ class ResetManager:
         # the points 0..i hold at most i + 1 rates: near the demo's start the mass shrinks with them
         points = torch.arange(1, self.demo_length + 1, dtype=torch.float64).clamp(max=self.window)
         reached = (self.rates.cumsum(0) >= self.move_threshold * points - 1e-9).nonzero()
-        if len(reached):
-            self.maximum = min(self.maximum, int(reached[0]))
+        if len(reached) and int(reached[0]) <= self.maximum:
+            self.maximum = int(reached[0])
         else:
             self.maximum = min(self.maximum + self.nudge, self.demo_length - 1)
         return self.maximum
