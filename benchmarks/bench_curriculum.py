@@ -10,7 +10,8 @@ Per seed, at equal training frames, in one run:
   no entropy bonus, observations and rewards normalized; the zoo trains 1M frames).
 
 Every run is evaluated the same way every ``--eval-every`` rollouts of 512 frames: greedy
-episodes from the env's own reset (starting point 0, no curriculum). Reported per run:
+episodes (``--eval-sample``: actions drawn from the policy) from the env's own reset
+(starting point 0, no curriculum). Reported per run:
 frames until the evaluation meets the task's target (MountainCar: mean return >= -110;
 MiniGrid: goal rate >= 0.9; a run that never does counts as the budget) and, with the
 curriculum, frames until the maximum starting point reaches 0. Runs are paired by seed
@@ -60,7 +61,8 @@ def run_ours(env: str, curriculum: bool, seed: int, args) -> list[dict]:
     cfg = job.parse_args(["--env", env, "--seed", str(seed), "--total-frames", str(args.frames),
                           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
                           "--runs-dir", str(Path(args.out) / "runs"), "--overwrite", "--no-progress",
-                          "--curriculum" if curriculum else "--no-curriculum"])
+                          "--curriculum" if curriculum else "--no-curriculum",
+                          "--eval-sample" if args.eval_sample else "--no-eval-sample"])
     rows = job.main(cfg)  # its metrics.csv, row by row, under --out/runs
     return [r for r in rows if r["eval_return"] == r["eval_return"]]  # the evaluated rollouts
 
@@ -83,14 +85,15 @@ def run_sb3(seed: int, args) -> list[dict]:
         def _on_step(self) -> bool:
             if self.num_timesteps // every > len(rows):
                 rows.append(evaluate_sb3(model, env, seed, len(rows), args.eval_episodes,
-                                         self.num_timesteps, time.perf_counter() - start))
+                                         self.num_timesteps, time.perf_counter() - start, args.eval_sample))
             return True
 
     model.learn(args.frames, callback=Evaluate())
     return rows
 
 
-def evaluate_sb3(model, env, seed: int, index: int, episodes: int, frames: int, wall_s: float) -> dict:
+def evaluate_sb3(model, env, seed: int, index: int, episodes: int, frames: int, wall_s: float,
+                 sample: bool = False) -> dict:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -100,7 +103,7 @@ def evaluate_sb3(model, env, seed: int, index: int, episodes: int, frames: int, 
     obs, returns, ended = evaluation.reset(), np.zeros(episodes), np.zeros(episodes, dtype=bool)
     goals = np.zeros(episodes, dtype=bool)
     while not ended.all():
-        obs, reward, done, infos = evaluation.step(model.predict(obs, deterministic=True)[0])
+        obs, reward, done, infos = evaluation.step(model.predict(obs, deterministic=not sample)[0])
         returns += reward * ~ended
         goals |= done & ~ended & ~np.array([i.get("TimeLimit.truncated", False) for i in infos])
         ended |= done
@@ -152,7 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--frames", type=int, default=100_000, help="training frames per run (>= 512)")
     parser.add_argument("--eval-every", type=int, default=4, help="rollouts of 512 frames between evaluations")
-    parser.add_argument("--eval-episodes", type=int, default=8, help="greedy episodes per evaluation")
+    parser.add_argument("--eval-episodes", type=int, default=8, help="episodes per evaluation")
+    parser.add_argument("--eval-sample", action="store_true",
+                        help="evaluate every arm with actions drawn from its policy, not greedy ones (the "
+                             "example's --eval-sample: a greedy MiniGrid policy can loop)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")

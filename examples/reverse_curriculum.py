@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import math
 import re
-import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -32,8 +31,7 @@ import gymnasium as gym
 import torch
 from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
-from torchrl.envs import (Compose, GymWrapper, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv,
-                          VecNormV2)
+from torchrl.envs import Compose, GymWrapper, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from common import options
@@ -42,7 +40,8 @@ from common.batching import make_batching
 from common.config import Config as MainConfig
 from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
 from common.report import Report, check_run_folder
-from torchrl_seqchunk import Demo, EncodeObservation, ResetManager, ReturnScaledReward, ReverseCurriculum
+from torchrl_seqchunk import (Demo, EncodeObservation, ResetManager, ReturnScaledReward, ReverseCurriculum,
+                              RunningObservationNorm)
 
 DATA = Path(__file__).resolve().parent / "data"
 #: env id -> (shipped demo, the evaluation's target: ("return", mean) or ("success", rate),
@@ -90,7 +89,10 @@ class Config(MainConfig):
     eval_every: int = 8
     """iterations between evaluations from the env's own reset"""
     eval_episodes: int = 8
-    """episodes per evaluation, one per env, greedy actions"""
+    """episodes per evaluation, one per env (greedy actions unless --eval-sample)"""
+    eval_sample: bool = False
+    """evaluate with actions drawn from the policy (TorchRL's RANDOM interaction) instead of greedy
+    ones: a greedy policy that sees part of a MiniGrid can loop where the policy it was trained as gets out"""
 
     def default_name(self) -> str:
         arm = "curriculum" if self.curriculum else "scratch"
@@ -181,11 +183,13 @@ def make_env(cfg: Config, demo: Demo | None, manager: ResetManager | None, num_e
 
 
 
-def evaluate(cfg: Config, actor, rnns, obs_norm, index: int) -> tuple[float, float]:
-    """Mean return and goal rate of ``eval_episodes`` episodes from the env's own reset, greedy."""
+def evaluate(cfg: Config, actor, rnns, obs_norm: RunningObservationNorm | None, index: int) -> tuple[float, float]:
+    """Mean return and goal rate of ``eval_episodes`` episodes from the env's own reset, greedy
+    (or drawn from the policy with ``eval_sample``)."""
     env = make_env(cfg, None, None, cfg.eval_episodes, 10_000 + 1_000 * cfg.seed + index,
-                   transforms=[obs_norm, *(rnn.make_tensordict_primer() for rnn in rnns)])
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+                   transforms=[*([] if obs_norm is None else [obs_norm]), *(rnn.make_tensordict_primer() for rnn in rnns)])
+    mode = ExplorationType.RANDOM if cfg.eval_sample else ExplorationType.DETERMINISTIC
+    with torch.no_grad(), set_exploration_type(mode):
         # one episode per env: a done env stops stepping, the rollout ends when all are done
         steps = env.rollout(episode_limit(cfg.env), actor, break_when_any_done=False, break_when_all_done=True,
                             auto_cast_to_device=True)  # [episodes, <= limit]
@@ -237,12 +241,12 @@ def main(cfg: Config) -> list[dict]:
     spread = cfg.spread or max(1, min(16, len(demo) // 2))
     manager = (ResetManager(len(demo), cfg.num_envs, window=spread, move_threshold=cfg.move_threshold,
                             nudge=cfg.nudge) if cfg.curriculum else None)
-    # one set of statistics over all envs (its evaluation reads them through to_observation_norm);
-    # TorchRL calls VecNormV2 over a batched env experimental and says so at every build
-    warnings.filterwarnings("ignore", "Support of VecNormV2 for containers with non-empty batch-size")
-    vecnorm = VecNormV2(in_keys=["observation"], decay=1.0, reduce_batch_dims=True)
+    # VecNormV2's rule, one set of statistics over all envs, its values clipped to +-10: a MiniGrid
+    # cell constant over the demo's layout sits at the std floor, and a new layout's value there
+    # would come out at 1e4 (the evaluation, which starts from new layouts, reads a frozen copy)
+    obs_norm = RunningObservationNorm(clip=10.0) if cfg.obs_norm else None
     env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed,
-                   transforms=[vecnorm, ReturnScaledReward(gamma=cfg.gamma)])
+                   transforms=[*([] if obs_norm is None else [obs_norm]), ReturnScaledReward(gamma=cfg.gamma)])
     actor, critic, rnns = make_agent(cfg, env, carry=cfg.batching == "streams")
     env.append_transform(Compose(*(rnn.make_tensordict_primer() for rnn in rnns)))
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
@@ -265,7 +269,7 @@ def main(cfg: Config) -> list[dict]:
         anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned))
         evaluation = (math.nan, math.nan)
         if (iteration + 1) % cfg.eval_every == 0:
-            evaluation = evaluate(cfg, actor, rnns, vecnorm.to_observation_norm(), iteration)
+            evaluation = evaluate(cfg, actor, rnns, None if obs_norm is None else obs_norm.frozen_copy(), iteration)
         success = (rollout["next", "success"][ended].float().mean().item()
                    if manager is not None and ended.any() else math.nan)
         report.add(rollout.numel(), returns, {

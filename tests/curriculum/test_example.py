@@ -57,3 +57,24 @@ def test_mountain_car_run_moves_the_maximum_back(tmp_path):
     # from the demo's last steps the car reaches the flag at once: the maximum leaves 121
     assert float(written[-1]["max_starting_point"]) < 121  # the report writes its columns as floats
     assert all(-200 <= float(r["eval_return"]) <= -1 for r in written[1::2])
+
+
+@pytest.mark.parametrize("flag", ["--obs-norm", "--no-obs-norm"])
+def test_obs_norm_flag_and_the_evaluation_reads_a_frozen_clipped_copy(tmp_path, monkeypatch, flag):
+    job = load_example()
+    seen = []
+    real = job.evaluate
+
+    def spy(cfg, actor, rnns, obs_norm, index):
+        seen.append(obs_norm)
+        return real(cfg, actor, rnns, obs_norm, index)
+
+    monkeypatch.setattr(job, "evaluate", spy)
+    rows = job.main(job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--total-frames", "128", "--num-envs", "4",
+                                    "--eval-every", "1", "--eval-episodes", "1", "--eval-sample", flag,
+                                    "--runs-dir", str(tmp_path), "--no-progress"]))
+    assert len(seen) == len(rows) == 1 and 0.0 <= rows[0]["eval_success"] <= 1.0
+    if flag == "--no-obs-norm":
+        assert seen[0] is None
+    else:  # statistics of the 128 training frames (one rollout of 4 x 32) and the first reset, clipped, merging nothing more
+        assert seen[0].frozen and seen[0].clip == 10.0 and seen[0].count.item() >= 128 + 4
