@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true", help="only the gradient-steps/s comparison")
     parser.add_argument("--no-speed", action="store_true", help="skip the gradient-steps/s comparison")
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
-    parser.add_argument("--speed-rounds", type=int, default=15, help="A/B rounds of the speed comparison")
+    parser.add_argument("--speed-rounds", type=int, default=40, help="A/B rounds of the speed comparison")
     parser.add_argument("--speed-steps", type=int, default=4, help="gradient steps per recipe per round")
 
     def check(args) -> None:
