@@ -245,8 +245,8 @@ def main(cfg: Config) -> list[dict]:
     # cell constant over the demo's layout sits at the std floor, and a new layout's value there
     # would come out at 1e4 (the evaluation, which starts from new layouts, reads a frozen copy)
     obs_norm = RunningObservationNorm(clip=10.0) if cfg.obs_norm else None
-    env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed,
-                   transforms=[*([] if obs_norm is None else [obs_norm]), ReturnScaledReward(gamma=cfg.gamma)])
+    transforms = [t for t in (obs_norm, ReturnScaledReward(gamma=cfg.gamma) if cfg.reward_norm else None) if t is not None]
+    env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed, transforms=transforms)
     actor, critic, rnns = make_agent(cfg, env, carry=cfg.batching == "streams")
     env.append_transform(Compose(*(rnn.make_tensordict_primer() for rnn in rnns)))
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 from torchrl.envs import VecNormV2
+from torchrl.data import Bounded, Composite, Unbounded
 
 from torchrl_seqchunk import ReturnScaledReward, RunningObservationNorm
 
@@ -114,7 +115,7 @@ def test_observation_norm_counts_only_the_envs_reset_and_resumes():
     o = obs[0]
     torch.testing.assert_close(resumed._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"],
                                norm._step(TensorDict({}, [3]), TensorDict({"observation": o}, [3]))["observation"])
-    with pytest.raises(ValueError, match=r"'observation' has features \[2\], the transform statistics of features \[3\]"):
+    with pytest.raises(ValueError, match=r"'observation' has features \[2\], the statistics \[3\]"):
         norm._step(TensorDict({}, [3]), TensorDict({"observation": torch.zeros(3, 2)}, [3]))
     with pytest.raises(ValueError, match="eps must be > 0"):
         RunningObservationNorm(eps=0)
@@ -136,5 +137,26 @@ def test_observation_norm_clips_a_value_a_constant_feature_never_took():
     torch.testing.assert_close(frozen_clipped.mean, torch.tensor([2.0, 2.0], dtype=torch.float64))
     clipped.normalize(new)  # the original goes on merging; its copy does not follow
     assert clipped.count.item() == 7 and frozen_clipped.count.item() == 6
-    with pytest.raises(ValueError, match="no statistics to normalize by"):
+    with pytest.raises(ValueError, match="no statistics to normalize"):
         RunningObservationNorm(frozen=True).normalize(new)
+    with pytest.raises(ValueError, match="has seen no observation"):
+        RunningObservationNorm().frozen_copy()
+    counted_none = RunningObservationNorm()
+    counted_none.normalize(new, counted=torch.tensor([False]))  # shaped, but nothing counted yet
+    with pytest.raises(ValueError, match="has seen no observation"):
+        counted_none.frozen_copy()
+    with pytest.raises(TypeError, match="frozen must be a bool"):
+        RunningObservationNorm(frozen="False")
+
+
+def test_observation_norm_refuses_integer_observations_and_clones_its_statistics():
+    norm = RunningObservationNorm(clip=3.0)
+    with pytest.raises(TypeError, match="torch.uint8: normalized observations are real numbers"):
+        norm.normalize(torch.tensor([[0, 10, 20]], dtype=torch.uint8))
+    norm.normalize(torch.tensor([[0.0], [2.0]]))  # mean 1, std 1
+    twin = norm.clone()
+    assert twin.clip == 3.0 and not twin.frozen and twin.count.item() == 2
+    twin.normalize(torch.tensor([[10.0]]))  # the clone merges into its own statistics only
+    assert twin.count.item() == 3 and norm.count.item() == 2 and norm.mean.item() == 1.0
+    spec = norm.transform_observation_spec(Composite(observation=Unbounded(shape=(1,))))["observation"]
+    assert isinstance(spec, Bounded) and spec.space.high.item() == 3.0 and spec.space.low.item() == -3.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from tensordict import NestedKey, TensorDictBase
-from torchrl.data import Unbounded
+from torchrl.data import Bounded, Unbounded
 from torchrl.envs.transforms import Transform
 
 from ._checks import check_real
@@ -155,10 +155,15 @@ class RunningObservationNorm(Transform):
         the rows not reset differently, so with this transform both give the same statistics.
 
     A feature that has been (nearly) constant has a standard deviation at the floor ``eps``, so
-    a value it has not taken before comes out at up to ``1 / eps`` (1e4) standard deviations:
-    the grid cells of a MiniGrid view seen only on one layout, then on another. ``clip`` bounds
-    the normalized values (``VecNormalize``'s ``clip_obs`` of OpenAI baselines and
-    Stable-Baselines3, 10 there); ``VecNormV2`` does not clip, so the default does not either.
+    a value it has not taken before comes out at ``(obs - mean) / eps``, 1e4 per unit of
+    difference: the grid cells of a MiniGrid view seen only on one layout, then on another.
+    ``clip`` bounds the normalized values (``VecNormalize``'s ``clip_obs`` of OpenAI baselines
+    and Stable-Baselines3, 10 there); ``VecNormV2`` does not clip, so the default does not either.
+
+    The statistics are the buffers ``mean``, ``var`` (float64 ``[*F]``) and ``count``, in the
+    ``state_dict``; ``clip`` and ``frozen`` are settings of the transform, not state (as
+    ``VecNormV2``'s ``frozen``): loading a state does not change them. :meth:`clone` copies
+    the statistics (a clone in another env does not merge into this one's).
 
     Keyword Args:
         in_key (NestedKey): the observation, float ``[*batch, *F]``. Default ``"observation"``.
@@ -170,7 +175,7 @@ class RunningObservationNorm(Transform):
 
     Raises:
         ValueError: ``eps`` or ``clip`` not positive or not finite. TypeError: ``eps`` or
-            ``clip`` not a real number.
+            ``clip`` not a real number, ``frozen`` not a bool.
 
     Examples:
         >>> from torchrl.envs import GymEnv, TransformedEnv
@@ -185,17 +190,32 @@ class RunningObservationNorm(Transform):
         eps = check_real("eps", eps, low=0.0, open_low=True)
         if clip is not None:
             clip = check_real("clip", clip, low=0.0, open_low=True)
+        if not isinstance(frozen, bool):
+            raise TypeError(f"frozen must be a bool, got {type(frozen).__name__}; pass True or False.")
         super().__init__(in_keys=[in_key], out_keys=[in_key])
-        self.key, self.eps, self.clip, self.frozen = in_key, eps, clip, bool(frozen)
+        self.key, self.eps, self.clip, self.frozen = in_key, eps, clip, frozen
         for name in ("mean", "var"):  # [*F], shaped by the first observation
             self.register_buffer(name, torch.zeros(0, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
+    def clone(self) -> RunningObservationNorm:
+        """A transform with the same settings and a copy of the statistics (not shared)."""
+        copy = RunningObservationNorm(in_key=self.key, eps=self.eps, clip=self.clip, frozen=self.frozen)
+        copy.load_state_dict(self.state_dict())
+        return copy
+
     def frozen_copy(self) -> RunningObservationNorm:
         """A transform that normalizes by this one's statistics as they are now, merging nothing
-        (the same ``in_key``, ``eps`` and ``clip``; the statistics copied, not shared)."""
-        copy = RunningObservationNorm(in_key=self.key, eps=self.eps, clip=self.clip, frozen=True)
-        copy.load_state_dict(self.state_dict())
+        (the same ``in_key``, ``eps`` and ``clip``; the statistics copied, not shared).
+
+        Raises:
+            ValueError: if this transform has seen no observation yet (no statistics to freeze).
+        """
+        if not self.count:
+            raise ValueError("frozen_copy() of a RunningObservationNorm that has seen no observation: there are no "
+                             "statistics to normalize by; freeze it after the training env has run.")
+        copy = self.clone()
+        copy.frozen = True
         return copy
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -222,18 +242,23 @@ class RunningObservationNorm(Transform):
         Raises:
             ValueError: if the features ``F`` differ from those the statistics were made for,
                 or the transform is ``frozen`` with no statistics yet.
-            TypeError: if ``counted`` is not bool.
+            TypeError: if ``obs`` is not floating point (normalized values are not integers:
+                convert first, e.g. with TorchRL's ``DTypeCastTransform``), or ``counted`` is not bool.
         """
+        if not obs.is_floating_point():
+            raise TypeError(f"{self.key!r} is {obs.dtype}: normalized observations are real numbers; cast it to a "
+                            "float dtype before this transform (e.g. DTypeCastTransform or EncodeObservation).")
         if counted is not None and counted.dtype != torch.bool:
             raise TypeError(f"counted must be a bool mask of the rows merged, got {counted.dtype}; an integer "
                             "tensor would index rows instead.")
         features = obs.shape[batch_dims:]
+        if self.frozen and not self.count:
+            raise ValueError(f"this frozen RunningObservationNorm has no statistics to normalize {self.key!r} by "
+                             "(it has seen no observation): freeze a transform after it has run (frozen_copy()).")
         if self.mean.shape != features:
-            if self.count or self.frozen:
-                have = "no statistics to normalize by (frozen before any observation)" if not self.count else \
-                    f"statistics of features {list(self.mean.shape)}"
-                raise ValueError(f"{self.key!r} has features {list(features)}, the transform {have}; one "
-                                 "transform per observation shape, frozen once it has seen observations.")
+            if self.count:
+                raise ValueError(f"{self.key!r} has features {list(features)}, the statistics "
+                                 f"{list(self.mean.shape)}; one transform per observation shape.")
             self.mean = torch.zeros(features, dtype=torch.float64, device=obs.device)
             self.var = torch.zeros_like(self.mean)
         if not self.frozen:
@@ -258,5 +283,9 @@ class RunningObservationNorm(Transform):
 
     def transform_observation_spec(self, observation_spec):
         spec = observation_spec[self.key]  # normalized values leave the observation's bounds
-        observation_spec[self.key] = Unbounded(shape=spec.shape, dtype=spec.dtype, device=spec.device)
+        if self.clip is None:
+            observation_spec[self.key] = Unbounded(shape=spec.shape, dtype=spec.dtype, device=spec.device)
+        else:
+            observation_spec[self.key] = Bounded(-self.clip, self.clip, shape=spec.shape, dtype=spec.dtype,
+                                                 device=spec.device)
         return observation_spec

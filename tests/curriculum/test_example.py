@@ -59,22 +59,28 @@ def test_mountain_car_run_moves_the_maximum_back(tmp_path):
     assert all(-200 <= float(r["eval_return"]) <= -1 for r in written[1::2])
 
 
-@pytest.mark.parametrize("flag", ["--obs-norm", "--no-obs-norm"])
-def test_obs_norm_flag_and_the_evaluation_reads_a_frozen_clipped_copy(tmp_path, monkeypatch, flag):
+@pytest.mark.parametrize("flags", [["--obs-norm", "--reward-norm"], ["--no-obs-norm", "--no-reward-norm"]])
+def test_norm_flags_and_the_evaluation_reads_a_frozen_clipped_copy(tmp_path, monkeypatch, flags):
     job = load_example()
-    seen = []
-    real = job.evaluate
+    seen, built = [], []
+    real_evaluate, real_make_env = job.evaluate, job.make_env
 
-    def spy(cfg, actor, rnns, obs_norm, index):
+    def spy_evaluate(cfg, actor, rnns, obs_norm, index):
         seen.append(obs_norm)
-        return real(cfg, actor, rnns, obs_norm, index)
+        return real_evaluate(cfg, actor, rnns, obs_norm, index)
 
-    monkeypatch.setattr(job, "evaluate", spy)
+    def spy_make_env(*args, transforms=()):
+        built.append([type(t).__name__ for t in transforms])
+        return real_make_env(*args, transforms=transforms)
+
+    monkeypatch.setattr(job, "evaluate", spy_evaluate)
+    monkeypatch.setattr(job, "make_env", spy_make_env)
     rows = job.main(job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--total-frames", "128", "--num-envs", "4",
-                                    "--eval-every", "1", "--eval-episodes", "1", "--eval-sample", flag,
+                                    "--eval-every", "1", "--eval-episodes", "1", "--eval-sample", *flags,
                                     "--runs-dir", str(tmp_path), "--no-progress"]))
     assert len(seen) == len(rows) == 1 and 0.0 <= rows[0]["eval_success"] <= 1.0
-    if flag == "--no-obs-norm":
-        assert seen[0] is None
-    else:  # statistics of the 128 training frames (one rollout of 4 x 32) and the first reset, clipped, merging nothing more
+    if flags[0] == "--no-obs-norm":
+        assert seen[0] is None and built[0] == []  # the training env: neither transform
+    else:  # statistics of the 128 training frames (one rollout of 4 x 32) and the first reset, clipped, frozen
+        assert built[0] == ["RunningObservationNorm", "ReturnScaledReward"]
         assert seen[0].frozen and seen[0].clip == 10.0 and seen[0].count.item() >= 128 + 4

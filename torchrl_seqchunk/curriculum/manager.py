@@ -28,17 +28,23 @@ class ResetManager:
       ``i`` where the cumulative sum of stored rates from index 0 reaches
       ``move_threshold * min(window, i + 1)`` (the mass the points ``0..i``
       can hold, so the maximum can reach 0), if that index is at or below the
-      current maximum (the rule only moves backward). If no point at or below
-      the current maximum reaches the mass (success collapsed where episodes now
-      start), the maximum is nudged forward by ``nudge``, capped at
-      ``demo_length - 1``: the rates of points above the maximum, measured before
-      it moved back below them, do not hold it there.
+      current maximum. If no point at or below the current maximum reaches the
+      mass (success collapsed where episodes now start), the maximum is nudged
+      forward by ``nudge``, capped at ``demo_length - 1``: the rates of points
+      above the maximum, measured before it moved back below them, do not hold
+      it there. So 0 is not final either: where too few episodes from the env's
+      own start succeed, the maximum goes back up by ``nudge`` and returns.
 
     .. note::
         The schedule moves backward by itself only with at least two distinct
         starting points in play (``num_envs >= 2`` and ``window >= 2``): a mass
         first reached at the maximum itself leaves it there, so a single env keeps
         its starting point unless the maximum is set by hand.
+
+    .. note::
+        The reference moves the maximum to the first index that reaches the mass,
+        forward too; here it moves forward only by ``nudge`` (a measured point
+        above the maximum is not trusted to hold after the policy changed).
 
     .. note::
         Choices the reference leaves implicit: its rates never expire (our
