@@ -100,6 +100,17 @@ def test_the_maximum_reaches_the_demos_start():
     assert manager.update() == 1
 
 
+def test_an_empty_record_is_no_episode():
+    manager = ResetManager(100, 2, window=2, decay=0.5)
+    manager.record([50], [True])
+    manager.update()
+    manager.record([], [])  # plain lists: no dtype to check, nothing recorded
+    manager.record(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool))
+    assert manager.num_pending == 0
+    manager.update()  # nothing folded in: no decay, the last rate kept
+    assert manager.rates[50].item() == 1.0 and manager.last_success_rate == 1.0
+
+
 def test_decay_shrinks_old_rates():
     manager = ResetManager(100, 2, window=2, decay=0.5)
     manager.record([50], [True])

@@ -66,7 +66,8 @@ class ResetManager:
         update_every (int, optional): finished episodes per update. Defaults to
             ``num_envs``.
         decay (float): factor in ``(0, 1]`` applied to stored rates at each
-            update. Defaults to ``1.0`` (rates are kept until overwritten).
+            update that folds in at least one episode. Defaults to ``1.0`` (rates
+            are kept until overwritten).
         maximum (int, optional): initial maximum. Defaults to ``N - 1``.
 
     Raises:
@@ -161,6 +162,8 @@ class ResetManager:
             ValueError: shapes differ or a starting point is out of range.
         """
         points, successes = torch.as_tensor(starting_points), torch.as_tensor(successes)
+        if points.numel() == 0 and successes.numel() == 0:
+            return  # no episode ended (a plain [] has no integer dtype to check)
         if points.is_floating_point() or points.is_complex() or points.dtype == torch.bool:
             raise TypeError(
                 f"starting_points must be integers, got dtype {points.dtype}; pass the int64 "
