@@ -192,7 +192,9 @@ def main(argv=None) -> None:
                 f.flush()
                 curves[env].setdefault(arm, []).append(rows)
     lines = [f"{args.frames} training frames per run, seeds {args.seeds}; frames to the target from the env's "
-             "own reset (never: the budget, marked *); frames until the maximum starting point reaches 0.", "",
+             f"own reset ({'sampled' if args.eval_sample else 'greedy'} evaluation of {args.eval_episodes} episodes "
+             f"every {args.eval_every * 512} frames; never: the budget, marked *); frames until the maximum starting "
+             "point first reaches 0.", "",
              "| env | arm | frames to target per seed | median | reached | frames to start 0 per seed |",
              "|---|---|---|---|---|---|"]
     rng = np.random.default_rng(0)
