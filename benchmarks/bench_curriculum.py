@@ -13,8 +13,9 @@ Every run is evaluated the same way every ``--eval-every`` rollouts of 512 frame
 episodes (``--eval-sample``: actions drawn from the policy) from the env's own reset
 (starting point 0, no curriculum). Reported per run:
 frames until the evaluation meets the task's target (MountainCar: mean return >= -110;
-MiniGrid: goal rate >= 0.9; a run that never does counts as the budget) and, with the
-curriculum, frames until the maximum starting point reaches 0. Runs are paired by seed
+MiniGrid: goal rate >= 0.9; a run that never does counts as the budget; ``--stop-at-target``
+ends our runs once they meet it with the maximum at 0) and, with the curriculum, frames
+until the maximum starting point first reaches 0. Runs are paired by seed
 (the ratio per seed, its median; bench_boundary's paired statistics on the differences).
 
 Writes under ``--out``: ``curriculum.csv`` (one row per evaluation of every run),
@@ -62,7 +63,8 @@ def run_ours(env: str, curriculum: bool, seed: int, args) -> list[dict]:
                           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
                           "--runs-dir", str(Path(args.out) / "runs"), "--overwrite", "--no-progress",
                           "--curriculum" if curriculum else "--no-curriculum",
-                          "--eval-sample" if args.eval_sample else "--no-eval-sample"])
+                          "--eval-sample" if args.eval_sample else "--no-eval-sample",
+                          "--stop-at-target" if args.stop_at_target else "--no-stop-at-target"])
     rows = job.main(cfg)  # its metrics.csv, row by row, under --out/runs
     return [r for r in rows if r["eval_return"] == r["eval_return"]]  # the evaluated rollouts
 
@@ -137,7 +139,8 @@ def plot(curves: dict, envs: list[str], path: Path) -> None:
             for arm, runs in curves[env].items():
                 if row == 0 and arm == "sb3":
                     continue
-                plot_runs(ax, [[{"frames": r["frames"], "return_mean": r[value]} for r in run] for run in runs], arm)
+                plot_runs(ax, [[{"frames": r["frames"], "return_mean": r[value]} for r in run] for run in runs], arm,
+                          ragged=True)  # runs stopped at their target end early
             if row == 1:
                 ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:g}")
             ax.set(xlabel="training frames", ylabel=label, title=env if row == 0 else None)
@@ -159,6 +162,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-sample", action="store_true",
                         help="evaluate every arm with actions drawn from its policy, not greedy ones (the "
                              "example's --eval-sample: a greedy MiniGrid policy can loop)")
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="end each of our runs at its first evaluation that meets the target with the maximum "
+                             "starting point at 0 (its frames to the target are the same; its curves end there)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")

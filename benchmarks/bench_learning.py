@@ -167,11 +167,14 @@ def summary(rows: list[dict], cap: int) -> dict:
             "reached": first is not None, "final_return": rows[-1]["return_mean"]}
 
 
-def plot_runs(ax, runs: list[list[dict]], label: str, **line_kwargs) -> None:
-    """The mean over runs of ``return_mean`` by frame, with the range shaded (NaN left out)."""
-    length = min(len(r) for r in runs)
+def plot_runs(ax, runs: list[list[dict]], label: str, *, ragged: bool = False, **line_kwargs) -> None:
+    """The mean over runs of ``return_mean`` by frame, with the range shaded (NaN left out);
+    up to the shortest run, or with ``ragged`` up to the longest, over the runs still going
+    (``runs`` logged at the same frames while they went on)."""
+    length = (max if ragged else min)(len(r) for r in runs)
+    runs = sorted(runs, key=len, reverse=True)  # runs[0] holds every frame drawn
     frames = [r["frames"] for r in runs[0][:length]]
-    values = [[run[i]["return_mean"] for run in runs] for i in range(length)]
+    values = [[run[i]["return_mean"] for run in runs if i < len(run)] for i in range(length)]
     values = [[v for v in vs if v == v] or [float("nan")] for vs in values]  # v == v: not NaN
     line, = ax.plot(frames, [statistics.mean(v) for v in values], label=label, **line_kwargs)
     ax.fill_between(frames, [min(v) for v in values], [max(v) for v in values], alpha=0.2,
