@@ -8,6 +8,7 @@ own reset, so the agent trains on the task itself.
 
     python examples/reverse_curriculum.py                                  # MountainCar-v0
     python examples/reverse_curriculum.py --env MiniGrid-DoorKey-5x5-v0    # the minigrid extra
+    python examples/reverse_curriculum.py --env MiniGrid-DoorKey-8x8-v0 --eval-sample  # sampled evaluation
     python examples/reverse_curriculum.py --no-curriculum                  # the same PPO from the env's reset
 
 Demos: examples/data/ (recorded by examples/data/record_demos.py); --demo takes any
