@@ -188,7 +188,7 @@ def evaluate(cfg: Config, actor, rnns, obs_norm: RunningObservationNorm | None, 
     """Mean return and goal rate of ``eval_episodes`` episodes from the env's own reset, greedy
     (or drawn from the policy with ``eval_sample``)."""
     env = make_env(cfg, None, None, cfg.eval_episodes, 10_000 + 1_000 * cfg.seed + index,
-                   transforms=[*([] if obs_norm is None else [obs_norm]), *(rnn.make_tensordict_primer() for rnn in rnns)])
+                   transforms=[t for t in (obs_norm, *(rnn.make_tensordict_primer() for rnn in rnns)) if t is not None])
     mode = ExplorationType.RANDOM if cfg.eval_sample else ExplorationType.DETERMINISTIC
     with torch.no_grad(), set_exploration_type(mode):
         # one episode per env: a done env stops stepping, the rollout ends when all are done
@@ -246,7 +246,8 @@ def main(cfg: Config) -> list[dict]:
     # cell constant over the demo's layout sits at the std floor, and a new layout's value there
     # would come out at 1e4 (the evaluation, which starts from new layouts, reads a frozen copy)
     obs_norm = RunningObservationNorm(clip=10.0) if cfg.obs_norm else None
-    transforms = [t for t in (obs_norm, ReturnScaledReward(gamma=cfg.gamma) if cfg.reward_norm else None) if t is not None]
+    reward_norm = ReturnScaledReward(gamma=cfg.gamma) if cfg.reward_norm else None
+    transforms = [t for t in (obs_norm, reward_norm) if t is not None]
     env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed, transforms=transforms)
     actor, critic, rnns = make_agent(cfg, env, carry=cfg.batching == "streams")
     env.append_transform(Compose(*(rnn.make_tensordict_primer() for rnn in rnns)))
