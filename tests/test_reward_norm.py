@@ -160,3 +160,30 @@ def test_observation_norm_refuses_integer_observations_and_clones_its_statistics
     assert twin.count.item() == 3 and norm.count.item() == 2 and norm.mean.item() == 1.0
     spec = norm.transform_observation_spec(Composite(observation=Unbounded(shape=(1,))))["observation"]
     assert isinstance(spec, Bounded) and spec.space.high.item() == 3.0 and spec.space.low.item() == -3.0
+
+
+def test_a_nan_or_inf_is_refused_before_it_reaches_the_statistics():
+    norm = RunningObservationNorm()
+    norm.normalize(torch.tensor([[0.0, 1.0], [2.0, 3.0]]))  # mean [1, 2], var [1, 1]
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"'observation' holds 1 NaN or infinite value\(s\) in this batch of 4"):
+            norm.normalize(torch.tensor([[0.0, bad], [2.0, 3.0]]))
+        for key, value in norm.state_dict().items():
+            torch.testing.assert_close(value, before[key])
+    # a row not counted (a partial reset's envs not reset) may hold anything: it is not merged
+    out = norm.normalize(torch.tensor([[float("nan"), 0.0], [3.0, 2.0]]), counted=torch.tensor([False, True]))
+    assert norm.count.item() == 3 and torch.isnan(out[0, 0]) and out[1].isfinite().all()
+    with pytest.raises(ValueError, match=r"counted has shape \[3\]; it must be one flag per env row, \[2\]"):
+        norm.normalize(torch.zeros(2, 2), counted=torch.tensor([True, False, True]))
+
+    scaler = ReturnScaledReward(gamma=0.9)
+    done = torch.zeros(2, 1, dtype=torch.bool)
+    scaler.scale(torch.ones(2, 1), done)
+    with pytest.raises(ValueError, match="discounted return of reward_key 'reward' holds 1 NaN"):
+        scaler.scale(torch.tensor([[1.0], [float("nan")]]), done)
+    assert scaler.count.item() == pytest.approx(2 + 1e-4)  # nothing merged
+    # the returns were not advanced by the refused step: the next one continues from G = 1
+    fresh = ReturnScaledReward(gamma=0.9)
+    fresh.scale(torch.ones(2, 1), done)
+    torch.testing.assert_close(scaler.scale(torch.ones(2, 1), done), fresh.scale(torch.ones(2, 1), done))

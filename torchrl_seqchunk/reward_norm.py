@@ -22,13 +22,22 @@ from ._checks import check_real
 __all__ = ["ReturnScaledReward", "RunningObservationNorm"]
 
 
-def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, values: torch.Tensor) -> None:
+def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, values: torch.Tensor,
+                   what: str) -> None:
     """Merges the moments of ``values`` ``[n, *mean.shape]`` into the running ``mean``, ``var``
-    (population) and ``count``, in place (Chan, Golub and LeVeque 1979)."""
+    (population) and ``count``, in place (Chan, Golub and LeVeque 1979); a ValueError naming
+    ``what`` if ``values`` hold a NaN or an infinity, the statistics left as they were."""
     n = values.shape[0]
     if not n:
         return
     batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
+    if not bool(torch.isfinite(batch_var).all()):  # a NaN or an infinity in values makes the variance NaN
+        bad = int((~torch.isfinite(values)).sum())
+        raise ValueError(
+            f"{what} holds {bad} NaN or infinite value(s) in this batch of {values.numel()}; merged into the "
+            "running statistics they would make every value normalized after it NaN. The statistics are left "
+            "as they were: find where the env produces them, or replace them before this transform."
+        )
     old = count.item()
     total = old + n
     delta = batch_mean - mean
@@ -110,7 +119,8 @@ class ReturnScaledReward(Transform):
             done (Tensor): bool ``[*batch, 1]``, True where the step ends an episode.
 
         Raises:
-            ValueError: if ``done`` and ``reward`` differ in shape. TypeError: if ``done`` is not bool.
+            ValueError: if ``done`` and ``reward`` differ in shape, or a reward is NaN or infinite
+                (the returns and statistics are left as they were). TypeError: if ``done`` is not bool.
         """
         if done.shape != reward.shape:
             raise ValueError(
@@ -121,8 +131,10 @@ class ReturnScaledReward(Transform):
             raise TypeError(f"done_key {self.done_key!r} must be bool (True where an episode ends), got {done.dtype}.")
         if self._return is None or self._return.shape != reward.shape:
             self._return = torch.zeros_like(reward)
-        self._return = self._return * self.gamma + reward
-        _merge_moments(self.mean, self.var, self.count, self._return.reshape(-1))
+        returns = self._return * self.gamma + reward
+        _merge_moments(self.mean, self.var, self.count, returns.reshape(-1),
+                       f"the discounted return of reward_key {self.reward_key!r}")
+        self._return = returns
         scale = torch.sqrt(self.var + self.eps).to(reward.dtype)
         self._return = self._return.masked_fill(done, 0.0)
         return (reward / scale).clamp(-self.clip, self.clip)
@@ -241,7 +253,9 @@ class RunningObservationNorm(Transform):
 
         Raises:
             ValueError: if the features ``F`` differ from those the statistics were made for,
-                or the transform is ``frozen`` with no statistics yet.
+                the transform is ``frozen`` with no statistics yet, ``counted`` is not one flag
+                per row, or an observation merged holds a NaN or an infinity (the statistics
+                are left as they were).
             TypeError: if ``obs`` is not floating point (normalized values are not integers:
                 convert first, e.g. with TorchRL's ``DTypeCastTransform``), or ``counted`` is not bool.
         """
@@ -263,7 +277,11 @@ class RunningObservationNorm(Transform):
             self.var = torch.zeros_like(self.mean)
         if not self.frozen:
             rows = obs.reshape(-1, *features)
-            _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted])
+            if counted is not None and counted.shape != rows.shape[:1]:
+                raise ValueError(f"counted has shape {list(counted.shape)}; it must be one flag per env row, "
+                                 f"[{rows.shape[0]}] for {self.key!r} of shape {list(obs.shape)}.")
+            _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted],
+                           f"{self.key!r}")
         normalized = (obs - self.mean) / self.var.sqrt().clamp_min(self.eps)
         if self.clip is not None:
             normalized = normalized.clamp(-self.clip, self.clip)
