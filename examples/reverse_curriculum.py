@@ -83,6 +83,8 @@ class Config(MainConfig):
     """GAE lambda, in [0, 1]"""
     epochs: int = 4
     """passes over each rollout"""
+    advantage_std_floor: float = 0.0
+    """standardize each rollout's advantages by max(std, this floor); 0: by the std alone, per batch"""
     entropy_coeff: float = 0.01
     """entropy bonus weight, >= 0"""
     anneal_clip: bool = False

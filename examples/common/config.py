@@ -102,7 +102,7 @@ class Config(RunConfig):
     activation: Literal["tanh", "relu"] = "tanh"
     """activation of the heads"""
     # PPO
-    gamma: float = 0.98
+    gamma: float = 0.99
     """discount, in [0, 1]"""
     lmbda: float = 0.8
     """GAE lambda, in [0, 1]"""
@@ -124,7 +124,7 @@ class Config(RunConfig):
     """value loss weight, >= 0"""
     max_grad_norm: float = 0.5
     """global gradient norm clip, > 0"""
-    advantage_std_floor: float = 0.0
+    advantage_std_floor: float = 0.2
     """standardize each rollout's advantages by max(std, this floor), so that advantages near zero (nothing left to learn) are not blown up to unit scale; 0: by the std alone, per batch"""
     # batching
     batching: Literal["windows", "streams"] = "windows"
