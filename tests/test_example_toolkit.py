@@ -124,3 +124,22 @@ def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):
     empty = Report(tmp_path / "never", planned_frames=1, progress=False)
     empty.close()
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("batching, floor, loss_standardizes", [
+    ("windows", 0.2, False),  # the default: add_advantages standardizes each rollout by max(std, 0.2)
+    ("windows", 0.0, True),   # no floor: the loss standardizes each batch, as ClipPPOLoss does
+    ("streams", 0.2, False),  # streams always standardize per rollout (padded slots stay out of the loss)
+    ("streams", 0.0, False),
+])
+def test_advantages_are_standardized_once(batching, floor, loss_standardizes):
+    from examples.common.agent import make_agent
+    from examples.common.batching import make_batching
+    from examples.common.envs import make_env
+
+    cfg = Config(batching=batching, advantage_std_floor=floor)
+    env = make_env(cfg)
+    actor, critic, rnns = make_agent(cfg, env, carry=batching == "streams")
+    made = make_batching(cfg, rnns, cfg.num_envs * cfg.rollout_len)
+    assert made.make_loss(actor, critic).normalize_advantage is loss_standardizes
+    env.close()
