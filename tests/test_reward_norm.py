@@ -187,3 +187,29 @@ def test_a_nan_or_inf_is_refused_before_it_reaches_the_statistics():
     fresh = ReturnScaledReward(gamma=0.9)
     fresh.scale(torch.ones(2, 1), done)
     torch.testing.assert_close(scaler.scale(torch.ones(2, 1), done), fresh.scale(torch.ones(2, 1), done))
+
+
+def test_a_refused_step_of_another_batch_shape_keeps_the_returns_and_low_precision_returns_do_not_overflow():
+    refused, clean = ReturnScaledReward(gamma=0.9), ReturnScaledReward(gamma=0.9)
+    going_on = torch.zeros(3, 1, dtype=torch.bool)
+    for scaler in (refused, clean):
+        scaler.scale(torch.ones(3, 1), going_on)
+    with pytest.raises(ValueError, match="holds 1 NaN"):
+        refused.scale(torch.tensor([[float("nan")], [1.0]]), torch.zeros(2, 1, dtype=torch.bool))
+    torch.testing.assert_close(refused.scale(torch.ones(3, 1), going_on), clean.scale(torch.ones(3, 1), going_on))
+    torch.testing.assert_close(refused.var, clean.var)
+    # float16 rewards of 1000: the return reaches 1000 / (1 - 0.99) = 1e5, past float16's 65504
+    half = ReturnScaledReward(gamma=0.99)
+    for _ in range(200):
+        out = half.scale(torch.full((2, 1), 1000.0, dtype=torch.float16), going_on[:2])
+    assert out.dtype == torch.float16 and out.isfinite().all() and half.var.isfinite()
+
+
+def test_values_too_large_for_their_variance_are_named_and_a_frozen_transform_checks_its_mask():
+    norm = RunningObservationNorm()
+    with pytest.raises(ValueError, match=r"holds values too large for their variance in torch.float64 \(up to 1e\+200\)"):
+        norm.normalize(torch.tensor([[1e200], [-1e200]], dtype=torch.float64))
+    assert norm.count.item() == 0
+    norm.normalize(torch.tensor([[0.0], [2.0]]))
+    with pytest.raises(ValueError, match=r"counted has shape \[3\]"):
+        norm.frozen_copy().normalize(torch.zeros(2, 1), counted=torch.tensor([True, False, True]))

@@ -12,6 +12,8 @@ per step, counting at a partial reset only the envs reset.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data import Bounded, Unbounded
@@ -31,12 +33,14 @@ def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, v
     if not n:
         return
     batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
-    if not bool(torch.isfinite(batch_var).all()):  # a NaN or an infinity in values makes the variance NaN
+    if not math.isfinite(batch_var.sum().item()):  # a NaN or an infinity in values makes the variance NaN
         bad = int((~torch.isfinite(values)).sum())
+        found = (f"holds {bad} NaN or infinite value(s) in this batch of {values.numel()}" if bad else
+                 f"holds values too large for their variance in {mean.dtype} (up to {values.abs().max().item():.3g})")
         raise ValueError(
-            f"{what} holds {bad} NaN or infinite value(s) in this batch of {values.numel()}; merged into the "
-            "running statistics they would make every value normalized after it NaN. The statistics are left "
-            "as they were: find where the env produces them, or replace them before this transform."
+            f"{what} {found}; merged into the running statistics they would make every value normalized after "
+            "it NaN. The statistics are left as they were: find where the env produces them, or replace or "
+            "rescale them before this transform."
         )
     old = count.item()
     total = old + n
@@ -129,9 +133,11 @@ class ReturnScaledReward(Transform):
             )
         if done.dtype != torch.bool:
             raise TypeError(f"done_key {self.done_key!r} must be bool (True where an episode ends), got {done.dtype}.")
-        if self._return is None or self._return.shape != reward.shape:
-            self._return = torch.zeros_like(reward)
-        returns = self._return * self.gamma + reward
+        last = self._return
+        if last is None or last.shape != reward.shape:
+            # a low-precision reward accumulates in float32 at least: its return would overflow float16
+            last = torch.zeros_like(reward, dtype=torch.promote_types(reward.dtype, torch.float32))
+        returns = last * self.gamma + reward
         _merge_moments(self.mean, self.var, self.count, returns.reshape(-1),
                        f"the discounted return of reward_key {self.reward_key!r}")
         self._return = returns
@@ -266,6 +272,10 @@ class RunningObservationNorm(Transform):
             raise TypeError(f"counted must be a bool mask of the rows merged, got {counted.dtype}; an integer "
                             "tensor would index rows instead.")
         features = obs.shape[batch_dims:]
+        rows = obs.reshape(-1, *features)
+        if counted is not None and counted.shape != rows.shape[:1]:
+            raise ValueError(f"counted has shape {list(counted.shape)}; it must be one flag per env row, "
+                             f"[{rows.shape[0]}] for {self.key!r} of shape {list(obs.shape)}.")
         if self.frozen and not self.count:
             raise ValueError(f"this frozen RunningObservationNorm has no statistics to normalize {self.key!r} by "
                              "(it has seen no observation): freeze a transform after it has run (frozen_copy()).")
@@ -276,10 +286,6 @@ class RunningObservationNorm(Transform):
             self.mean = torch.zeros(features, dtype=torch.float64, device=obs.device)
             self.var = torch.zeros_like(self.mean)
         if not self.frozen:
-            rows = obs.reshape(-1, *features)
-            if counted is not None and counted.shape != rows.shape[:1]:
-                raise ValueError(f"counted has shape {list(counted.shape)}; it must be one flag per env row, "
-                                 f"[{rows.shape[0]}] for {self.key!r} of shape {list(obs.shape)}.")
             _merge_moments(self.mean, self.var, self.count, rows if counted is None else rows[counted],
                            f"{self.key!r}")
         normalized = (obs - self.mean) / self.var.sqrt().clamp_min(self.eps)
