@@ -17,7 +17,7 @@ wall time).
   ReLU heads of 64, no orthogonal init.
 
 - defaults (``--sides ours,defaults``): the main job with its defaults, beside ours with
-  ``--options`` (a recipe under test, e.g. ``gamma=0.99,env_batching=vector``), for the same frames.
+  ``--options`` (a recipe under test, e.g. ``gamma=0.98,advantage_std_floor=0``), for the same frames.
 
 Prints a per-seed table, ``RATIO frames_to_450_vs_<side> <median ours / median side>`` and
 ``RATIO wall_to_450_vs_<side>`` for every other side, and each side's final mean return
@@ -27,7 +27,7 @@ needs the ``bench`` extra (``pip install -e ".[bench]"``).
 
     python benchmarks/bench_learning.py                    # seeds 0, 1, 2; ours and sb3
     python benchmarks/bench_learning.py --seeds 11,12,13,14,15 --sides ours,defaults \
-        --options gamma=0.99,env_batching=vector --stop-at-target defaults
+        --options gamma=0.98,advantage_std_floor=0 --stop-at-target defaults
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def recipe(text: str) -> dict:
         name, _, value = item.partition("=")
         if name not in fields or name in SET_HERE or not value:
             raise ValueError(f"--options {item!r}: give name=value, name a field of the main job's Config that the "
-                             f"benchmark does not set itself ({', '.join(SET_HERE)}), e.g. gamma=0.99")
+                             f"benchmark does not set itself ({', '.join(SET_HERE)}), e.g. gamma=0.98")
         kind, choices = type(fields[name].default), typing.get_args(hints[name])
         try:
             chosen[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
@@ -224,7 +224,7 @@ def main() -> None:
                         help=f"comma-separated, ours first, from {SIDES} (default ours,sb3)")
     parser.add_argument("--options", default="",
                         help="ours: the main job's Config fields that differ from its defaults, e.g. "
-                             "gamma=0.99,env_batching=vector (default none)")
+                             "gamma=0.98,advantage_std_floor=0 (default none)")
     parser.add_argument("--stop-at-target", default="",
                         help="comma-separated sides of the main job (ours, defaults) whose runs end at the target: "
                              "the same frames to 450 (the schedules keep --frames), no final return (default none)")

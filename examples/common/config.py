@@ -125,7 +125,7 @@ class Config(RunConfig):
     max_grad_norm: float = 0.5
     """global gradient norm clip, > 0"""
     advantage_std_floor: float = 0.2
-    """standardize each rollout's advantages by max(std, this floor), so that advantages near zero (nothing left to learn) are not blown up to unit scale; 0: by the std alone, per batch"""
+    """standardize each rollout's advantages by max(std, this floor), so that advantages near zero (nothing left to learn) are not blown up to unit scale; 0: by the std alone, per batch (per rollout with --batching streams)"""
     # batching
     batching: Literal["windows", "streams"] = "windows"
     """windows of each rollout, or stream chunks with a carried state"""
