@@ -124,7 +124,9 @@ class ReturnScaledReward(Transform):
 
         Raises:
             ValueError: if ``done`` and ``reward`` differ in shape, or a reward is NaN or infinite
-                (the returns and statistics are left as they were). TypeError: if ``done`` is not bool.
+                (this transform's returns and statistics are left as they were; what other
+                transforms did with the same step, such as an observation normalizer's merge,
+                is not undone). TypeError: if ``done`` is not bool.
         """
         if done.shape != reward.shape:
             raise ValueError(
