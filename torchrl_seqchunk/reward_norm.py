@@ -33,7 +33,7 @@ def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, v
     if not n:
         return
     batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
-    if not math.isfinite(batch_var.sum().item()):  # a NaN or an infinity in values makes the variance NaN
+    if not math.isfinite(batch_var.sum().item()):  # a NaN, an infinity or an overflow makes it non-finite
         bad = int((~torch.isfinite(values)).sum())
         found = (f"holds {bad} NaN or infinite value(s) in this batch of {values.numel()}" if bad else
                  f"holds values too large for their variance in {mean.dtype} (up to {values.abs().max().item():.3g})")
@@ -142,9 +142,8 @@ class ReturnScaledReward(Transform):
         returns = last * self.gamma + reward
         _merge_moments(self.mean, self.var, self.count, returns.reshape(-1),
                        f"the discounted return of reward_key {self.reward_key!r}")
-        self._return = returns
+        self._return = returns.masked_fill(done, 0.0)
         scale = torch.sqrt(self.var + self.eps).to(reward.dtype)
-        self._return = self._return.masked_fill(done, 0.0)
         return (reward / scale).clamp(-self.clip, self.clip)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
