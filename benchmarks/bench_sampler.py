@@ -1,7 +1,9 @@
 """Side-by-side throughput of stream chunks against a raw gather and TorchRL's own samplers.
 
-One storage of uint8 image steps ([3, 64, 64] by default) is filled with episodes of
-random length; then, in interleaved rounds so that machine load hits every side alike:
+The same episodes of uint8 image steps ([3, 64, 64] by default) of random length fill two
+storages: TorchRL's ``LazyTensorStorage`` and our ``IndexSelectStorage`` (the same storage,
+gathering with ``index_select``; their memory-mapped forms with ``--memmap``). Then, in interleaved rounds so that machine load hits
+every side alike, on TorchRL's storage:
 
 - ``stream``: ``rb.sample()`` with ``StreamChunkSampler(B, T)`` ([B, T] chunks);
 - ``raw_gather``: ``storage[index]`` of B contiguous runs of T steps (the bytes alone);
@@ -9,13 +11,16 @@ random length; then, in interleaved rounds so that machine load hits every side 
 - ``sequence``: ``rb.sample()`` of B anchors with TorchRL's ``Sequence(T,
   episode_boundary="include_reset")`` sample unit (uniform anchors), viewed as ``[B, T]``;
 
-and a consumer that simulates a training step as long as one raw gather (sleeping, as
-when the accelerator works) while a ``ChunkPrefetcher`` prepares the next chunks; the
-wait is measured once the queue has filled (steady state).
+and on ``IndexSelectStorage`` the same ``stream``, ``raw_gather`` and ``sequence`` sides
+(``*_index_select``); and a consumer that simulates a training step as long as one raw
+gather (sleeping, as when the accelerator works) while a ``ChunkPrefetcher`` prepares the
+next chunks; the wait is measured once the queue has filled (steady state).
 
 Prints ``RATIO stream_vs_raw_gather`` (goal >= 0.8), ``RATIO stream_vs_slicesampler``
-(goal >= 1.0), ``RATIO stream_vs_sequence_unit`` (goal >= 1.0) and
-``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
+(goal >= 1.0), ``RATIO stream_vs_sequence_unit`` (goal >= 1.0; on each storage, the
+second as ``stream_vs_sequence_unit_index_select``), ``RATIO
+index_select_storage_vs_lazy_tensor_storage`` (stream chunks, our storage over TorchRL's)
+and ``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
 
     python benchmarks/bench_sampler.py                       # 100k steps, B=16, T=64
     python benchmarks/bench_sampler.py --steps 5000 --rounds 3 --iters 5   # smoke run
@@ -34,7 +39,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorD
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
 
-from torchrl_seqchunk import ChunkPrefetcher, StreamChunkSampler
+from torchrl_seqchunk import ChunkPrefetcher, IndexSelectMemmapStorage, IndexSelectStorage, StreamChunkSampler
 
 
 def parse_args():
@@ -47,7 +52,8 @@ def parse_args():
     parser.add_argument("--obs-shape", type=int, nargs="+", default=[3, 64, 64])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
     parser.add_argument("--iters", type=int, default=20, help="calls per side per round")
-    parser.add_argument("--memmap", action="store_true", help="LazyMemmapStorage instead")
+    parser.add_argument("--memmap", action="store_true",
+                        help="LazyMemmapStorage and IndexSelectMemmapStorage instead")
     parser.add_argument("--seed", type=int, default=0)
     return options.parse(parser, ints={"steps": 1, "num_streams": 1, "seq_len": 1, "min_episode": 1,
                                        "max_episode": 1, "obs_shape": 1, "rounds": 1, "iters": 1, "seed": 0},
@@ -55,8 +61,8 @@ def parse_args():
                                                          "max_episode", a.max_episode))
 
 
-def fill(rb, args, generator):
-    """Writes whole episodes (TorchRL layout) until the storage is full."""
+def fill(buffers, args, generator):
+    """Writes the same whole episodes (TorchRL layout) into each buffer until its storage is full."""
     written = 0
     with tqdm(total=args.steps, desc="filling storage", unit="step") as bar:
         while written < args.steps:
@@ -64,21 +70,21 @@ def fill(rb, args, generator):
             n = min(int(n), args.steps - written)
             done = torch.zeros(n, 1, dtype=torch.bool)
             done[-1] = True
-            rb.extend(
-                TensorDict(
-                    {
-                        "observation": torch.randint(
-                            0, 256, (n, *args.obs_shape), dtype=torch.uint8, generator=generator
-                        ),
-                        "action": torch.randint(0, 6, (n, 1), generator=generator),
-                        ("next", "reward"): torch.randn(n, 1, generator=generator),
-                        ("next", "done"): done,
-                        ("next", "terminated"): done.clone(),
-                        ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
-                    },
-                    [n],
-                )
+            episode = TensorDict(
+                {
+                    "observation": torch.randint(
+                        0, 256, (n, *args.obs_shape), dtype=torch.uint8, generator=generator
+                    ),
+                    "action": torch.randint(0, 6, (n, 1), generator=generator),
+                    ("next", "reward"): torch.randn(n, 1, generator=generator),
+                    ("next", "done"): done,
+                    ("next", "terminated"): done.clone(),
+                    ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+                },
+                [n],
             )
+            for rb in buffers:
+                rb.extend(episode)
             written += n
             bar.update(n)
 
@@ -88,27 +94,32 @@ def main():
     B, T = args.num_streams, args.seq_len
     generator = torch.Generator().manual_seed(args.seed)
     storage = (LazyMemmapStorage if args.memmap else LazyTensorStorage)(args.steps)
-    sampler = StreamChunkSampler(B, T, generator=torch.Generator().manual_seed(args.seed))
-    stream_rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=B * T)
-    fill(stream_rb, args, generator)
+    fast_storage = (IndexSelectMemmapStorage if args.memmap else IndexSelectStorage)(args.steps)
+
+    def stream_buffer(store):  # the same seed on both storages: the same chunks
+        sampler = StreamChunkSampler(B, T, generator=torch.Generator().manual_seed(args.seed))
+        return TensorDictReplayBuffer(storage=store, sampler=sampler, batch_size=B * T)
+
+    def sequence_side(store):
+        rb = TensorDictReplayBuffer(storage=store, batch_size=B,
+                                    sample_unit=Sequence(T, episode_boundary="include_reset"))
+        return lambda: rb.sample().reshape(B, T)
+
+    def raw_gather_side(store):
+        def raw_gather():
+            starts = torch.randint(0, len(store) - T + 1, (B, 1), generator=generator)
+            return store[starts + torch.arange(T)]
+        return raw_gather
+
+    stream_rb, fast_stream_rb = stream_buffer(storage), stream_buffer(fast_storage)
+    fill([stream_rb, fast_stream_rb], args, generator)
     slice_rb = TensorDictReplayBuffer(
         storage=storage, sampler=SliceSampler(slice_len=T), batch_size=B * T
     )
-
-    sequence_rb = TensorDictReplayBuffer(
-        storage=storage, batch_size=B,
-        sample_unit=Sequence(T, episode_boundary="include_reset"),
-    )
-
-    def sequence():
-        return sequence_rb.sample().reshape(B, T)
-
-    def raw_gather():
-        starts = torch.randint(0, len(storage) - T + 1, (B, 1), generator=generator)
-        return storage[starts + torch.arange(T)]
-
-    sides = {"stream": stream_rb.sample, "raw_gather": raw_gather, "slice": slice_rb.sample,
-             "sequence": sequence}
+    sides = {"stream": stream_rb.sample, "raw_gather": raw_gather_side(storage), "slice": slice_rb.sample,
+             "sequence": sequence_side(storage), "stream_index_select": fast_stream_rb.sample,
+             "raw_gather_index_select": raw_gather_side(fast_storage),
+             "sequence_index_select": sequence_side(fast_storage)}
     for fn in sides.values():  # warm up: first boundary scans, allocator
         fn()
     times = {name: [] for name in sides}
@@ -118,7 +129,7 @@ def main():
     median = {name: statistics.median(values) for name, values in times.items()}
     steps_per_call = B * T
     for name, value in median.items():
-        print(f"{name:>10}: {value * 1e3:8.2f} ms/call  {steps_per_call / value:12,.0f} steps/s")
+        print(f"{name:>23}: {value * 1e3:8.2f} ms/call  {steps_per_call / value:12,.0f} steps/s")
 
     # Consumer: a training step as long as one raw gather; the worker prepares chunks.
     step_time = median["raw_gather"]
@@ -139,6 +150,12 @@ def main():
     print(f"RATIO stream_vs_raw_gather {median['raw_gather'] / median['stream']:.3f}")
     print(f"RATIO stream_vs_slicesampler {median['slice'] / median['stream']:.3f}")
     print(f"RATIO stream_vs_sequence_unit {median['sequence'] / median['stream']:.3f}")
+    print(f"RATIO stream_vs_sequence_unit_index_select "
+          f"{median['sequence_index_select'] / median['stream_index_select']:.3f}")
+    print(f"RATIO stream_vs_raw_gather_index_select "
+          f"{median['raw_gather_index_select'] / median['stream_index_select']:.3f}")
+    print(f"RATIO index_select_storage_vs_lazy_tensor_storage "
+          f"{median['stream'] / median['stream_index_select']:.3f}")
     print(f"RATIO prefetch_wait_fraction {waited / wall:.4f}")
 
 

@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "StreamChunkSampler": "streams.sampler",
     "ChunkPrefetcher": "streams.prefetch",
+    "IndexSelectStorage": "streams.storage",
+    "IndexSelectMemmapStorage": "streams.storage",
     "ResetRNN": "recurrent.module",
     "rnn_with_resets": "recurrent.functional",
     "MinGRUCell": "recurrent.cells",
