@@ -5,7 +5,8 @@
 
 1. A plain gymnasium loop plays a random policy and writes each finished episode into a
    TorchRL storage (observation [1, 64, 64] uint8, action, and the "next" keys).
-2. StreamChunkSampler(B=16, T=64) cuts the stored episodes into streams of consecutive
+2. StreamChunkSampler(B=16, T=64) cuts the stored episodes (IndexSelectStorage: TorchRL's
+   LazyTensorStorage, its gather of pixel rows several times faster) into streams of consecutive
    chunks [B, T] with is_first; ChunkPrefetcher prepares them in a background thread.
 3. Two identical models (conv encoder -> ResetRNN(GRU) -> frame and reward heads) train
    on the same chunks: one carries its hidden state from chunk to chunk (truncated BPTT),
@@ -29,10 +30,10 @@ import torch.nn.functional as F
 
 from tensordict import TensorDict
 from torch import nn
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import TensorDictReplayBuffer
 from tqdm import tqdm
 
-from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
+from torchrl_seqchunk import ChunkPrefetcher, IndexSelectStorage, ResetRNN, StreamChunkSampler
 
 from common import options
 from common.report import check_run_folder
@@ -213,7 +214,7 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
     out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
 
     buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(cfg.total_frames),
+        storage=IndexSelectStorage(cfg.total_frames),  # LazyTensorStorage, gathering pixels with index_select
         sampler=StreamChunkSampler(cfg.num_streams, cfg.seq_len,
                                    generator=torch.Generator().manual_seed(cfg.seed)),
         batch_size=cfg.num_streams * cfg.seq_len,
