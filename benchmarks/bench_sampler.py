@@ -20,7 +20,8 @@ Prints ``RATIO stream_vs_raw_gather`` (goal >= 0.8), ``RATIO stream_vs_slicesamp
 (goal >= 1.0), ``RATIO stream_vs_sequence_unit`` (goal >= 1.0; on each storage, the
 second as ``stream_vs_sequence_unit_index_select``), ``RATIO
 index_select_storage_vs_lazy_tensor_storage`` (stream chunks, our storage over TorchRL's)
-and ``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the timings.
+and ``RATIO prefetch_wait_fraction`` (goal <= 0.05), plus the median timings. Each
+throughput ratio is the median over rounds of the two sides' time ratio in that round.
 
     python benchmarks/bench_sampler.py                       # 100k steps, B=16, T=64
     python benchmarks/bench_sampler.py --steps 5000 --rounds 3 --iters 5   # smoke run
@@ -146,16 +147,17 @@ def main():
         wall = time.perf_counter() - start
     print(f"prefetch: waited {waited:.3f} s of {wall:.3f} s over {calls} steps "
           f"of {step_time * 1e3:.2f} ms")
-    # throughput ratios are inverse time ratios
-    print(f"RATIO stream_vs_raw_gather {median['raw_gather'] / median['stream']:.3f}")
-    print(f"RATIO stream_vs_slicesampler {median['slice'] / median['stream']:.3f}")
-    print(f"RATIO stream_vs_sequence_unit {median['sequence'] / median['stream']:.3f}")
-    print(f"RATIO stream_vs_sequence_unit_index_select "
-          f"{median['sequence_index_select'] / median['stream_index_select']:.3f}")
-    print(f"RATIO stream_vs_raw_gather_index_select "
-          f"{median['raw_gather_index_select'] / median['stream_index_select']:.3f}")
-    print(f"RATIO index_select_storage_vs_lazy_tensor_storage "
-          f"{median['stream'] / median['stream_index_select']:.3f}")
+    def ratio(name: str, ours: str, theirs: str) -> None:
+        """Throughput of ``ours`` over ``theirs``: the median over rounds of their time ratio."""
+        value = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
+        print(f"RATIO {name} {value:.3f}")
+
+    ratio("stream_vs_raw_gather", "stream", "raw_gather")
+    ratio("stream_vs_slicesampler", "stream", "slice")
+    ratio("stream_vs_sequence_unit", "stream", "sequence")
+    ratio("stream_vs_sequence_unit_index_select", "stream_index_select", "sequence_index_select")
+    ratio("stream_vs_raw_gather_index_select", "stream_index_select", "raw_gather_index_select")
+    ratio("index_select_storage_vs_lazy_tensor_storage", "stream_index_select", "stream")
     print(f"RATIO prefetch_wait_fraction {waited / wall:.4f}")
 
 

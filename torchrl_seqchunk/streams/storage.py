@@ -28,11 +28,11 @@ class _IndexSelectGather:
         stored = self._storage if self._is_full else self._storage[: self._len_along_dim0]
         if not (is_tensor_collection(stored) or isinstance(stored, torch.Tensor)):
             return super().get(index)  # a pytree of tensors: TorchRL's gather
-        flat = index.reshape(-1).to(stored.device)
+        flat = index.reshape(-1)
         flat = torch.where(flat < 0, flat + stored.shape[0], flat)  # negative steps count from the end, as tensor[index]
 
-        def gather(value: torch.Tensor) -> torch.Tensor:
-            return value.index_select(0, flat).unflatten(0, index.shape)
+        def gather(value: torch.Tensor) -> torch.Tensor:  # each entry on its own device
+            return value.index_select(0, flat.to(value.device)).unflatten(0, index.shape)
 
         if isinstance(stored, torch.Tensor):
             return gather(stored)
