@@ -24,6 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import GRUModule
 
+from timing import paired_ratio  # benchmarks/timing.py
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 
 from torchrl_seqchunk import MinGRUCell, ResetRNN
@@ -144,8 +145,7 @@ def main(argv=None):
         print(f"# {key:20s} {1e3 * statistics.median(values):8.2f} ms")
 
     def ratio(label, a, b):
-        value = statistics.median(x / y for x, y in zip(times[a], times[b]))
-        print(f"RATIO {label} {value:.3f}")
+        print(f"RATIO {label} {paired_ratio(times, a, b):.3f}")
 
     ratio("resetrnn_vs_gru_noreset", "gru_auto", "gru_noreset")
     ratio("resetrnn_vs_torchrl_grumodule", "gru_auto", "torchrl_grumodule")

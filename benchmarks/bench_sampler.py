@@ -34,7 +34,7 @@ import time
 
 import torch
 from tensordict import TensorDict
-from timing import seconds_per_call  # benchmarks/timing.py
+from timing import paired_ratio, seconds_per_call  # benchmarks/timing.py
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
@@ -147,10 +147,9 @@ def main():
         wall = time.perf_counter() - start
     print(f"prefetch: waited {waited:.3f} s of {wall:.3f} s over {calls} steps "
           f"of {step_time * 1e3:.2f} ms")
-    def ratio(name: str, ours: str, theirs: str) -> None:
-        """Throughput of ``ours`` over ``theirs``: the median over rounds of their time ratio."""
-        value = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
-        print(f"RATIO {name} {value:.3f}")
+
+    def ratio(name: str, ours: str, theirs: str) -> None:  # throughput: the inverse time ratio
+        print(f"RATIO {name} {paired_ratio(times, theirs, ours):.3f}")
 
     ratio("stream_vs_raw_gather", "stream", "raw_gather")
     ratio("stream_vs_slicesampler", "stream", "slice")

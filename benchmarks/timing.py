@@ -1,5 +1,6 @@
 """Timing and reporting helpers shared by the benchmark scripts."""
 import csv
+import statistics
 import time
 from pathlib import Path
 
@@ -10,6 +11,12 @@ def seconds_per_call(fn, repeat=1):
     for _ in range(repeat):
         fn()
     return (time.perf_counter() - start) / repeat
+
+
+def paired_ratio(times: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over interleaved rounds of ``times[numerator][i] / times[denominator][i]``
+    (each round's pair under the same machine load)."""
+    return statistics.median(x / y for x, y in zip(times[numerator], times[denominator]))
 
 
 def write_figures(rows: list[dict], ratios: dict[str, float], path: Path) -> None:
