@@ -114,3 +114,46 @@ def test_checkpoint_round_trip(storage_class, tmp_path):
     assert type(loaded.storage) is storage_class and len(loaded) == 30
     for _ in range(3):
         assert (saved.sample() == loaded.sample()).all()
+
+
+def other_layouts() -> dict:
+    """Layouts read by TorchRL's gather (10 steps each)."""
+    names = TensorDict({"x": torch.arange(20).view(10, 2)}, [10, 2], names=["time", "env"])
+    agents = TensorDict({"agents": TensorDict({"obs": torch.arange(40.0).view(10, 4)}, [10, 4]),
+                         "a": torch.arange(10)}, [10])
+    text = TensorDict({"a": torch.arange(10)}, [10])
+    text.set_non_tensor("note", "hi")
+    return {"names": names, "nested batch dims": agents, "non-tensor": text}
+
+
+@pytest.mark.parametrize("layout", ["names", "nested batch dims", "non-tensor"])
+def test_other_layouts_read_as_torchrl_does(layout):
+    data = other_layouts()[layout]
+    ours, reference = pair(IndexSelectStorage, LazyTensorStorage, 20)
+    for storage in (ours, reference):
+        storage.set(torch.arange(10), data)
+    index = torch.tensor([[3, 0], [9, 9]])
+    got, expected = ours.get(index), reference.get(index)
+    assert got.batch_size == expected.batch_size and got.names == expected.names
+    assert set(got.keys(True, True)) == set(expected.keys(True, True))
+    assert (got.exclude("note") == expected.exclude("note")).all()
+    if layout == "nested batch dims":
+        assert got["agents"].batch_size == (2, 2, 4)
+    if layout == "non-tensor":
+        assert list(map(list, got["note"])) == list(map(list, expected["note"])) == [["hi", "hi"]] * 2
+
+
+def test_errors_are_torchrl_s():
+    ours, reference = pair(IndexSelectStorage, LazyTensorStorage, 20)
+    for storage in (ours, reference):
+        storage.set(torch.arange(10), steps(10))
+    messages = []
+    for storage in (ours, reference):
+        with pytest.raises(IndexError) as error:
+            storage.get(torch.tensor([2, 10]))
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+    for storage in (ours, reference):  # emptied, as rb.empty() does
+        storage._empty()
+        with pytest.raises(IndexError):
+            storage.get(torch.tensor([0]))
