@@ -2,8 +2,8 @@
 
 The same episodes of uint8 image steps ([3, 64, 64] by default) of random length fill two
 storages: TorchRL's ``LazyTensorStorage`` and our ``IndexSelectStorage`` (the same storage,
-gathering with ``index_select``; their memory-mapped forms with ``--memmap``). Then, in interleaved rounds so that machine load hits
-every side alike, on TorchRL's storage:
+gathering with ``index_select``; their memory-mapped forms with ``--memmap``). Then, in
+interleaved rounds so that machine load hits every side alike, on TorchRL's storage:
 
 - ``stream``: ``rb.sample()`` with ``StreamChunkSampler(B, T)`` ([B, T] chunks);
 - ``raw_gather``: ``storage[index]`` of B contiguous runs of T steps (the bytes alone);
@@ -40,7 +40,8 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorD
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm
 
-from torchrl_seqchunk import ChunkPrefetcher, IndexSelectMemmapStorage, IndexSelectStorage, StreamChunkSampler
+from torchrl_seqchunk import (ChunkPrefetcher, IndexSelectMemmapStorage, IndexSelectStorage,
+                              StreamChunkSampler)
 
 
 def parse_args():

@@ -47,13 +47,15 @@ class _IndexSelectGather:
         if not (tensor or type(stored) is TensorDict and _plain(stored)) or not stored.shape[0]:
             return super().get(index)  # other layouts, and the errors of an empty storage: TorchRL's
         flat = index.reshape(-1)
-        flat = torch.where(flat < 0, flat + stored.shape[0], flat)  # negative steps count from the end, as tensor[index]
+        flat = torch.where(flat < 0, flat + stored.shape[0], flat)  # from the end, as tensor[index]
 
         def gather(value: torch.Tensor) -> torch.Tensor:  # each entry on its own device
             return value.index_select(0, flat.to(value.device)).unflatten(0, index.shape)
 
         try:
-            return gather(stored) if tensor else stored.apply(gather, batch_size=[*index.shape, *stored.batch_size[1:]])
+            if tensor:
+                return gather(stored)
+            return stored.apply(gather, batch_size=[*index.shape, *stored.batch_size[1:]])
         except IndexError:  # a step out of range: TorchRL's gather raises its own IndexError, naming the step
             return super().get(index)
 
