@@ -214,7 +214,7 @@ def buffers(args) -> dict[str, float]:
                              batch_size=B * T, remote_config={"num_cpus": 1})
     try:
         for rb in (local, remote):
-            fill(rb, args, torch.Generator().manual_seed(args.seed))  # the same episodes
+            fill([rb], args, torch.Generator().manual_seed(args.seed))  # the same episodes
         sides = {"local": local.sample, "ray": remote.sample}
         for sample in sides.values():
             sample()  # warm-up

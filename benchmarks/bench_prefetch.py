@@ -71,7 +71,7 @@ def make_buffer(args, seed: int) -> TensorDictReplayBuffer:
     B, T = args.num_streams, args.seq_len
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(args.steps), batch_size=B * T,
                                 sampler=StreamChunkSampler(B, T, seed=seed))
-    fill(rb, args, torch.Generator().manual_seed(seed))
+    fill([rb], args, torch.Generator().manual_seed(seed))
     return rb
 
 

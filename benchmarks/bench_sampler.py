@@ -64,7 +64,11 @@ def parse_args():
 
 
 def fill(buffers, args, generator):
-    """Writes the same whole episodes (TorchRL layout) into each buffer until its storage is full."""
+    """Writes the same whole episodes (TorchRL layout) into each buffer of the list ``buffers``
+    until its storage is full."""
+    if not isinstance(buffers, (list, tuple)):  # a buffer is iterable too, and would fill nothing
+        raise TypeError(f"buffers must be a list of replay buffers, got {type(buffers).__name__}; "
+                        "pass [rb].")
     written = 0
     with tqdm(total=args.steps, desc="filling storage", unit="step") as bar:
         while written < args.steps:
