@@ -24,7 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import GRUModule
 
-from timing import paired_ratio  # benchmarks/timing.py
+from timing import paired_ratio, print_ratios  # benchmarks/timing.py
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 
 from torchrl_seqchunk import MinGRUCell, ResetRNN
@@ -144,19 +144,18 @@ def main(argv=None):
     for key, values in times.items():
         print(f"# {key:20s} {1e3 * statistics.median(values):8.2f} ms")
 
-    def ratio(label, a, b):
-        print(f"RATIO {label} {paired_ratio(times, a, b):.3f}")
-
-    ratio("resetrnn_vs_gru_noreset", "gru_auto", "gru_noreset")
-    ratio("resetrnn_vs_torchrl_grumodule", "gru_auto", "torchrl_grumodule")
-    ratio("resetrnn_vs_cell_loop", "gru_auto", "cell_loop")
-    ratio("resetrnn_lstm_vs_lstm_noreset", "lstm_auto", "lstm_noreset")
-    ratio("resetrnn_packed_vs_gru_noreset", "gru_packed", "gru_noreset")
+    pairs = {  # RATIO name: (candidate, reference), each a time ratio (lower is better)
+        "resetrnn_vs_gru_noreset": ("gru_auto", "gru_noreset"),
+        "resetrnn_vs_torchrl_grumodule": ("gru_auto", "torchrl_grumodule"),
+        "resetrnn_vs_cell_loop": ("gru_auto", "cell_loop"),
+        "resetrnn_lstm_vs_lstm_noreset": ("lstm_auto", "lstm_noreset"),
+        "resetrnn_packed_vs_gru_noreset": ("gru_packed", "gru_noreset"),
+    }
     for backend in ("loop", "packed", "fused"):
-        ratio(f"resetrnn_gru_{backend}_vs_gru_noreset", f"gru_{backend}", "gru_noreset")
-        ratio(f"resetrnn_lstm_{backend}_vs_lstm_noreset", f"lstm_{backend}", "lstm_noreset")
-    ratio("resetrnn_mingru_scan_vs_gru_noreset", "mingru_scan", "gru_noreset")
-
+        pairs[f"resetrnn_gru_{backend}_vs_gru_noreset"] = (f"gru_{backend}", "gru_noreset")
+        pairs[f"resetrnn_lstm_{backend}_vs_lstm_noreset"] = (f"lstm_{backend}", "lstm_noreset")
+    pairs["resetrnn_mingru_scan_vs_gru_noreset"] = ("mingru_scan", "gru_noreset")
+    print_ratios({name: paired_ratio(times, *pair) for name, pair in pairs.items()})
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ import time
 
 import torch
 from tensordict import TensorDict
-from timing import paired_ratio, seconds_per_call  # benchmarks/timing.py
+from timing import paired_ratio, print_ratios, seconds_per_call  # benchmarks/timing.py
 from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
@@ -153,15 +153,15 @@ def main():
     print(f"prefetch: waited {waited:.3f} s of {wall:.3f} s over {calls} steps "
           f"of {step_time * 1e3:.2f} ms")
 
-    def ratio(name: str, ours: str, theirs: str) -> None:  # throughput: the inverse time ratio
-        print(f"RATIO {name} {paired_ratio(times, theirs, ours):.3f}")
-
-    ratio("stream_vs_raw_gather", "stream", "raw_gather")
-    ratio("stream_vs_slicesampler", "stream", "slice")
-    ratio("stream_vs_sequence_unit", "stream", "sequence")
-    ratio("stream_vs_sequence_unit_index_select", "stream_index_select", "sequence_index_select")
-    ratio("stream_vs_raw_gather_index_select", "stream_index_select", "raw_gather_index_select")
-    ratio("index_select_storage_vs_lazy_tensor_storage", "stream_index_select", "stream")
+    throughput = {  # RATIO name: (ours, theirs), each the inverse time ratio
+        "stream_vs_raw_gather": ("stream", "raw_gather"),
+        "stream_vs_slicesampler": ("stream", "slice"),
+        "stream_vs_sequence_unit": ("stream", "sequence"),
+        "stream_vs_sequence_unit_index_select": ("stream_index_select", "sequence_index_select"),
+        "stream_vs_raw_gather_index_select": ("stream_index_select", "raw_gather_index_select"),
+        "index_select_storage_vs_lazy_tensor_storage": ("stream_index_select", "stream"),
+    }
+    print_ratios({name: paired_ratio(times, theirs, ours) for name, (ours, theirs) in throughput.items()})
     print(f"RATIO prefetch_wait_fraction {waited / wall:.4f}")
 
 

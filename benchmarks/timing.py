@@ -19,10 +19,15 @@ def paired_ratio(times: dict[str, list[float]], numerator: str, denominator: str
     return statistics.median(x / y for x, y in zip(times[numerator], times[denominator]))
 
 
-def write_figures(rows: list[dict], ratios: dict[str, float], path: Path) -> None:
-    """Prints ``RATIO <name> <value>`` per ratio and writes ``rows`` (name, value, unit, note) as the CSV ``path``."""
+def print_ratios(ratios: dict[str, float]) -> None:
+    """Prints ``RATIO <name> <value>`` per ratio, in order."""
     for name, value in ratios.items():
         print(f"RATIO {name} {value:.3f}")
+
+
+def write_figures(rows: list[dict], ratios: dict[str, float], path: Path) -> None:
+    """Prints ``RATIO <name> <value>`` per ratio and writes ``rows`` (name, value, unit, note) as the CSV ``path``."""
+    print_ratios(ratios)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["name", "value", "unit", "note"])
