@@ -83,6 +83,8 @@ class DistConfig(Config):
     window: tyro.conf.Suppress[int] = 32
     stride: tyro.conf.Suppress[int] = 32
     minibatches: tyro.conf.Suppress[int] = 1
+    # each worker's env keeps observation statistics of its own, not frozen by the learners
+    obs_norm_until: tyro.conf.Suppress[float] = 1.0
     workers: int = 2
     """env workers, TorchRL collectors of num_envs envs each, assigned to learners round robin; a multiple of
     --learners, or the ranks with fewer workers set the chunks per epoch"""

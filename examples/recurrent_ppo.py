@@ -9,9 +9,10 @@ and pole angle only), so it must infer velocities from memory.
     python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
 
 Pipeline per iteration:
-  1. a collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
-     rewards scaled by ReturnScaledReward); the actor and critic run ResetRNN in step
-     mode, so the rollout stores the memory each of them had at every step. On the default
+  1. a collector steps `num_envs` envs (observations normalized by VecNormV2's rule, its
+     statistics frozen after `--obs-norm-until` of the run; rewards scaled by
+     ReturnScaledReward); the actor and critic run ResetRNN in step mode, so the rollout
+     stores the memory each of them had at every step. On the default
      `--env-batching vector` that is VectorEnvCollector (the rollouts of TorchRL's Collector,
      stepped on plain tensors), on `serial` / `parallel` TorchRL's Collector;
   2. boundary_gae computes advantages on the rollout [num_envs, T];
@@ -34,7 +35,7 @@ from common import options
 from common.agent import make_agent
 from common.batching import make_batching
 from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_env
+from common.envs import check_keep, make_acting_env, make_env, obs_norm_of
 from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
 from common.report import Report, check_run_folder
 
@@ -67,6 +68,7 @@ def main(cfg: Config) -> list[dict]:
     batching = make_batching(cfg, rnns, frames_per_batch)
     loss_module = batching.make_loss(actor, critic)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
+    obs_norm = obs_norm_of(env)  # frozen by anneal once --obs-norm-until of the run is collected
     report = Report(out_dir, planned_frames=planned_frames, target=cfg.target, return_window=cfg.return_window,
                     stop_at_target=cfg.stop_at_target, progress=cfg.progress)
 
@@ -78,7 +80,7 @@ def main(cfg: Config) -> list[dict]:
         losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
                         max_grad_norm=cfg.max_grad_norm)
         collector.update_policy_weights_()
-        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames))
+        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames), obs_norm)
         report.add(rollout.numel(), returns, {k: losses[k] for k in LOGGED})
         if report.reached:
             break

@@ -89,6 +89,8 @@ class Config(MainConfig):
     """entropy bonus weight, >= 0"""
     anneal_clip: bool = False
     """decay clip_epsilon linearly to 0 over total_frames"""
+    obs_norm_until: float = 1.0
+    """fraction of total_frames after which the observation statistics stop updating (frozen), in (0, 1]; 1: never (the moving starting points keep changing what the envs show)"""
     eval_every: int = 8
     """iterations between evaluations from the env's own reset"""
     eval_episodes: int = 8
@@ -270,7 +272,7 @@ def main(cfg: Config) -> list[dict]:
         losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
                         max_grad_norm=cfg.max_grad_norm)
         collector.update_policy_weights_()
-        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned))
+        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned), obs_norm)
         evaluation = (math.nan, math.nan)
         if (iteration + 1) % cfg.eval_every == 0:
             evaluation = evaluate(cfg, actor, rnns, None if obs_norm is None else obs_norm.frozen_copy(), iteration)

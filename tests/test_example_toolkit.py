@@ -1,4 +1,5 @@
 """examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
+import dataclasses
 import math
 
 import pytest
@@ -36,6 +37,8 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"gamma": 1.5}, "--gamma must be in [0.0, 1.0]"),
     ({"lr": 0.0}, "--lr must be > 0.0"),
     ({"advantage_std_floor": -0.1}, "--advantage-std-floor must be >= 0.0"),
+    ({"obs_norm_until": 0.0}, "--obs-norm-until must be in (0.0, 1.0]"),
+    ({"obs_norm_until": 1.5}, "--obs-norm-until must be in (0.0, 1.0]"),
     ({"window": 64, "rollout_len": 16}, "--window 64 is longer than --rollout-len 16"),
     ({"rollout_len": 40}, "leave 8 of every 40 steps per env in no window"),
     ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),
@@ -143,3 +146,35 @@ def test_advantages_are_standardized_once(batching, floor, loss_standardizes):
     made = make_batching(cfg, rnns, cfg.num_envs * cfg.rollout_len)
     assert made.make_loss(actor, critic).normalize_advantage is loss_standardizes
     env.close()
+
+
+@pytest.mark.parametrize("env_batching", ["vector", "serial"])
+def test_the_observation_statistics_freeze_at_obs_norm_until(env_batching):
+    from tensordict.nn import TensorDictSequential
+    from torchrl.collectors import Collector
+
+    from examples.common.agent import make_agent
+    from examples.common.envs import make_acting_env, make_env, obs_norm_of
+    from examples.common.ppo import anneal
+    from torchrl_seqchunk import VectorEnvCollector
+
+    cfg = Config(obs_norm_until=0.5, env_batching=env_batching, num_envs=2, rollout_len=4)
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    env = make_acting_env(cfg, rnns, 0)
+    stats = obs_norm_of(env)
+    kind = VectorEnvCollector if env_batching == "vector" else Collector  # the main job's make_collector
+    collector = kind(env, TensorDictSequential(actor, critic), frames_per_batch=8, total_frames=32)
+    loss = torch.nn.Module()  # anneal_clip off: the loss module is not read
+    optim = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
+    counts = []
+    for done, _ in enumerate(collector, 1):
+        counts.append(float(stats.count))
+        anneal(dataclasses.replace(cfg, anneal_clip=False), optim, loss, 1 - done * 8 / 32, stats)
+        assert stats.frozen is (done * 8 / 32 >= 0.5)
+    # merged while the run's first half was collected, nothing after
+    assert counts[0] < counts[1] == counts[2] == counts[3]
+    assert optim.param_groups[0]["lr"] == 0.0
+    collector.shutdown()
+    never = obs_norm_of(make_env(cfg))
+    anneal(dataclasses.replace(cfg, anneal_clip=False, obs_norm_until=1.0), optim, loss, 0.0, never)
+    assert not never.frozen  # 1: never frozen, the run's end too

@@ -112,6 +112,8 @@ class Config(RunConfig):
     """decay the learning rate linearly to 0 over total_frames"""
     anneal_clip: bool = True
     """decay clip_epsilon linearly to 0 over total_frames"""
+    obs_norm_until: float = 0.4
+    """fraction of total_frames after which the observation statistics stop updating (frozen), in (0, 1]; 1: never. The learning rate anneals to 0, so late in a run the policy cannot follow statistics that still drift (what made runs slide after reaching 500)"""
     epochs: int = 10
     """passes over each rollout"""
     minibatches: int = 1
@@ -158,6 +160,7 @@ class Config(RunConfig):
             options.real(name, getattr(self, name), 0.0, 1.0)
         options.real("lr", self.lr, 0.0, open_low=True)
         options.real("clip_epsilon", self.clip_epsilon, 0.0, 1.0, open_low=True)
+        options.real("obs_norm_until", self.obs_norm_until, 0.0, 1.0, open_low=True)
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
         for name in ("entropy_coeff", "critic_coeff", "advantage_std_floor"):
             options.real(name, getattr(self, name), 0.0)

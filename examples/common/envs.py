@@ -51,6 +51,11 @@ def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
     return TransformedEnv(batched, Compose(*transforms))
 
 
+def obs_norm_of(env: TransformedEnv) -> RunningObservationNorm | None:
+    """The env's RunningObservationNorm (``make_env`` appends one with ``cfg.obs_norm``), or None."""
+    return next((t for t in env.transform if isinstance(t, RunningObservationNorm)), None)
+
+
 def make_acting_env(cfg, rnns, seed: int) -> TransformedEnv:
     """make_env's env with the primers of the agent's ResetRNNs, seeded: what a collector steps.
 

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from torchrl_seqchunk import boundary_gae
+from torchrl_seqchunk import RunningObservationNorm, boundary_gae
 
 LOGGED = ("loss_objective", "loss_critic", "entropy", "clip_fraction", "kl_approx")
 
@@ -57,13 +57,17 @@ def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDi
     return torch.stack(logs).mean()
 
 
-def anneal(cfg, optim: torch.optim.Optimizer, loss_module, remaining: float) -> None:
-    """Linear schedules, 1 -> 0 as `remaining` goes from 1 to 0."""
+def anneal(cfg, optim: torch.optim.Optimizer, loss_module, remaining: float,
+           obs_norm: RunningObservationNorm | None = None) -> None:
+    """Linear schedules, 1 -> 0 as `remaining` goes from 1 to 0; ``obs_norm`` (the env's, None
+    without one) frozen once the run's done fraction ``1 - remaining`` reaches ``cfg.obs_norm_until``."""
     if cfg.anneal_lr:
         for group in optim.param_groups:
             group["lr"] = cfg.lr * remaining
     if cfg.anneal_clip:
         loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
+    if obs_norm is not None and cfg.obs_norm_until < 1 and 1 - remaining >= cfg.obs_norm_until:
+        obs_norm.frozen = True
 
 
 def finished_returns(steps: TensorDictBase) -> list[float]:
