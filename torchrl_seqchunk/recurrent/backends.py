@@ -232,8 +232,10 @@ def _scan_entry(a, b, h0, reset_value, reset):
 
 
 # fused beats loop for an nn.GRU on CPU up to about this many rows times hidden units (measured, one
-# thread, forward + backward: B=8 H=64 0.59x, B=32 H=64 0.82x to 0.92x, B=32 H=128 1.10x, B=64 H=64 1.14x)
-_FUSED_GRU_MAX_WIDTH = 2048
+# thread, forward + backward over T=64, a reset every 20 / 200 steps per row: B=8 H=64 to 512 0.45x to
+# 0.65x, B=32 H=64 0.64x to 0.67x, B=32 H=128 0.82x to 0.89x, B=64 H=64 0.77x to 0.90x; at 8192 0.94x
+# to 1.08x, above it up to 1.49x)
+_FUSED_GRU_MAX_WIDTH = 4096
 
 
 def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> str:

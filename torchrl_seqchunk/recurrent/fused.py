@@ -2,16 +2,15 @@
 
 On CPU, PyTorch differentiates ``nn.GRU`` op by op, several times the forward's cost, and an
 unroll with resets inside a chunk cannot use one native call anyway. Here each layer is one
-autograd node: the forward steps the native cell kernel (``torch.gru_cell`` /
-``torch.lstm_cell``) and keeps the state before every step; the backward recomputes every
-gate over the whole chunk in a few batched ops, runs the time recursion on the state
-gradients alone (one small matrix product per step) and forms each weight gradient in one
-product. A reset costs one select at a step that has one, in each direction; no gradient
-flows from a reset step into the state before it, and the gradient there goes to the reset
-value (the stored memory). The LSTM layer keeps its gates from the forward instead of
-recomputing them and computes ``tanh(a)`` as ``2 sigmoid(2a) - 1`` (several times cheaper on
-CPU; an absolute error of about 1e-7 in float32, which is relatively larger on very small
-activations).
+autograd node, time-major inside: the forward forms the input's product for every step in
+one matrix product, then steps the recurrence (one small matrix product and a few
+element-wise ops per step, written into buffers made before the loop) and keeps every gate;
+the backward runs the time recursion on the state gradients alone (one small matrix product
+per step) and forms each weight gradient in one product. A reset costs one select at a step
+that has one, in each direction; no gradient flows from a reset step into the state before
+it, and the gradient there goes to the reset value (the stored memory). The LSTM layer
+computes ``tanh(a)`` as ``2 sigmoid(2a) - 1`` (several times cheaper on CPU; an absolute
+error of about 1e-7 in float32, which is relatively larger on very small activations).
 
 Limits: the backward is not itself differentiable (``create_graph=True`` raises a
 RuntimeError naming ``backend='loop'``), and the layers are classic autograd Functions, not
@@ -48,56 +47,6 @@ def _fused(rnn, x, reset, h0, reset_value):
     return (x,), tuple(torch.stack(entry, 1) for entry in zip(*finals))
 
 
-def _steps(cell, x, reset, state, reset_value, weights):
-    """Step ``cell`` over ``x [B, T, F]``: ``(outputs [B, T, H], the states before every step
-    after its reset (one ``[B, T, *S]`` per entry), the state after the last step)``."""
-    resets_at = reset.any(0).tolist()  # one host sync; steps where no row resets skip the select
-    mask = reset.unsqueeze(-1)
-    outputs, before = [], [[] for _ in state]
-    for t, x_t in enumerate(x.unbind(1)):
-        if resets_at[t]:
-            state = tuple(s.masked_fill(mask[:, t], 0.0) if v is None else torch.where(mask[:, t], v[:, t], s)
-                          for s, v in zip(state, reset_value))
-        for kept, s in zip(before, state):
-            kept.append(s)
-        state = cell(x_t, state, weights)
-        outputs.append(state[0])
-    return torch.stack(outputs, 1), [torch.stack(k, 1) for k in before], state
-
-
-def _gru_cell(x_t, state, weights):
-    return (torch.gru_cell(x_t, state[0], *weights),)
-
-
-def _backward_through_time(step, grads_last, dy, reset, count: int):
-    """Run ``step(t, grads) -> grads before step t`` from ``T - 1`` down to 0.
-
-    ``grads_last``: the gradients on the final state's entries; ``dy [B, T, H]`` adds to
-    the first entry (the output) at every step. Returns the gradient on each entry after
-    every step (``[B, T, *S]`` each), before every step (the same), and on the initial
-    state (zero on rows reset at ``t = 0``)."""
-    resets_at = reset.any(0).tolist()
-    mask = reset.unsqueeze(-1)
-    after, before = [[None] * count for _ in grads_last], [[None] * count for _ in grads_last]
-    grads = list(grads_last)
-    for t in range(count - 1, -1, -1):
-        grads[0] = grads[0] + dy[:, t]
-        for kept, g in zip(after, grads):
-            kept[t] = g
-        grads = step(t, grads)
-        for kept, g in zip(before, grads):
-            kept[t] = g
-        if resets_at[t]:
-            grads = [g.masked_fill(mask[:, t], 0.0) for g in grads]
-    stack = lambda parts: [torch.stack(p, 1) for p in parts]  # noqa: E731
-    return stack(after), stack(before), grads
-
-
-def _reset_value_grad(before, reset, has_value):
-    """The reset value's gradient: the gradient on the state before a step, at the rows reset there."""
-    return before.masked_fill(~reset.unsqueeze(-1), 0.0) if has_value else None
-
-
 def _weight_grads(need, x, hp, d_gates, w_ih):
     """dx, dW_ih, dW_hh, db_ih, db_hh (each None where ``need`` says so) from the gradients on
     the pre-activations of ``W_ih x + b_ih`` and of ``W_hh h + b_hh``, ``[B, T, G]`` each."""
@@ -120,46 +69,95 @@ def _refuse_double_backward() -> None:
         )
 
 
+def _states_before(first, after, mask, value):
+    """The state before every step, after its reset: ``first [B, H]`` at step 0, then the state
+    after the step before (``after [T, B, H]``), replaced by ``value [B, T, H]`` (zeros if None)
+    where ``mask [T, B, 1]`` resets. Time-major ``[T, B, H]``."""
+    before = torch.cat([first.unsqueeze(0), after[:-1]])
+    return before.masked_fill(mask, 0.0) if value is None else torch.where(mask, value.transpose(0, 1), before)
+
+
 def _zero_if_none(grad, like):
     return torch.zeros_like(like) if grad is None else grad
 
 
 class _GRULayer(torch.autograd.Function):
     """One GRU layer: ``x [B, T, F]``, ``reset`` bool ``[B, T]``, ``h0 [B, H]``,
-    ``reset_value [B, T, H]`` or None (zeros), weights -> ``(y [B, T, H], h_last [B, H])``."""
+    ``reset_value [B, T, H]`` or None (zeros), weights -> ``(y [B, T, H], h_last [B, H])``.
+
+    Time-major inside, as the LSTM layer: the input's product for every step is one matrix
+    product before the loop, each step writes its gates into buffers made before it, and the
+    backward recomputes no gate."""
 
     @staticmethod
     def forward(ctx, x, reset, h0, reset_value, w_ih, w_hh, b_ih, b_hh):
-        y, (hp,), (h_last,) = _steps(_gru_cell, x, reset, (h0,), (reset_value,), (w_ih, w_hh, b_ih, b_hh))
-        ctx.save_for_backward(x, reset, hp, w_ih, w_hh, b_ih, b_hh)
-        ctx.has_value = reset_value is not None
-        return y, h_last
+        size = h0.shape[-1]
+        gi = F.linear(x.transpose(0, 1), w_ih, b_ih)  # [T, B, 3H]: W_ih x + b_ih of every step at once
+        time, batch = gi.shape[:2]
+        gh = torch.empty_like(gi)  # W_hh h + b_hh, written at each step
+        rz, n, y = gi.new_empty(time, batch, 2 * size), gi.new_empty(time, batch, size), gi.new_empty(time, batch, size)
+        gh_n = gh[..., 2 * size:]
+        # every step's views at once (one call each, not one index per step and tensor)
+        gi_rz, gi_n = gi[..., : 2 * size].unbind(0), gi[..., 2 * size:].unbind(0)
+        gh_t, gh_rz, gh_n_t = gh.unbind(0), gh[..., : 2 * size].unbind(0), gh_n.unbind(0)
+        rz_t, r, z, n_t, y_t = rz.unbind(0), rz[..., :size].unbind(0), rz[..., size:].unbind(0), n.unbind(0), y.unbind(0)
+        w_hh_t = w_hh.t().contiguous()
+        resets_at = reset.any(0).tolist()
+        mask = reset.t().unsqueeze(-1)  # [T, B, 1]
+        h = h0
+        for t in range(time):
+            if resets_at[t]:
+                h = h.masked_fill(mask[t], 0.0) if reset_value is None else torch.where(mask[t], reset_value[:, t], h)
+            if b_hh is None:
+                torch.mm(h, w_hh_t, out=gh_t[t])
+            else:
+                torch.addmm(b_hh, h, w_hh_t, out=gh_t[t])
+            torch.sigmoid(torch.add(gi_rz[t], gh_rz[t], out=rz_t[t]), out=rz_t[t])  # r, z
+            torch.tanh(torch.addcmul(gi_n[t], r[t], gh_n_t[t], out=n_t[t]), out=n_t[t])  # n = tanh(gi_n + r gh_n)
+            h = torch.sub(h, n_t[t], out=y_t[t]).mul_(z[t]).add_(n_t[t])  # (1 - z) n + z h
+        if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
+            hp = _states_before(h0, y, mask, reset_value)
+            ctx.save_for_backward(x, reset, hp, rz, n, gh_n, w_ih, w_hh)
+            ctx.has_value = reset_value is not None
+        return y.transpose(0, 1).contiguous(), h
 
     @staticmethod
     def backward(ctx, dy, dh_last):
         _refuse_double_backward()
-        x, reset, hp, w_ih, w_hh, b_ih, b_hh = ctx.saved_tensors
-        size = hp.shape[-1]
-        gi, gh = F.linear(x, w_ih, b_ih), F.linear(hp, w_hh, b_hh)  # every gate of the chunk at once
-        rz = torch.sigmoid(gi[..., : 2 * size] + gh[..., : 2 * size])
+        x, reset, hp, rz, n, gh_n, w_ih, w_hh = ctx.saved_tensors
+        time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
-        gh_n = gh[..., 2 * size:]
-        n = torch.tanh(gi[..., 2 * size:] + r * gh_n)
         # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n)
         k_n = (1 - z) * (1 - n * n)
-        k_gh = torch.stack([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -2)  # [B, T, 3, H]
-
-        def step(t, grads):
-            dh = grads[0]
-            return [torch.addmm(dh * z[:, t], (dh.unsqueeze(1) * k_gh[:, t]).view(dh.shape[0], -1), w_hh)]
-
-        (after,), (before,), (dh0,) = _backward_through_time(
-            step, [_zero_if_none(dh_last, hp[:, 0])], _zero_if_none(dy, hp), reset, hp.shape[1])
-        d_gh = (after.unsqueeze(-2) * k_gh).flatten(-2)
-        d_gi = torch.cat([d_gh[..., : 2 * size], after * k_n], -1)
+        k_gh = torch.stack([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -2)  # [T, B, 3, H]
+        d_gh = torch.empty_like(k_gh)
+        dy = _zero_if_none(dy, hp.transpose(0, 1)).transpose(0, 1)  # [T, B, H]
+        dh = _zero_if_none(dh_last, hp[0]) + dy[-1]
+        resets_at = reset.any(0).tolist()
+        mask = reset.t().unsqueeze(-1)  # [T, B, 1]
+        values = torch.empty_like(hp) if ctx.has_value else None  # zeroed off resets below
+        zero = torch.zeros_like(dh)
+        after = [None] * time  # the gradient on each step's output h_t, all of it
+        k_gh_t, d_gh_t, flat_t = k_gh.unbind(0), d_gh.unbind(0), d_gh.view(time, batch, 3 * size).unbind(0)
+        z_t, below_t = z.unbind(0), (zero, *dy[:-1].unbind(0))  # below: the gradient on step t - 1's output
+        for t in range(time - 1, -1, -1):
+            after[t] = dh
+            torch.mul(dh.unsqueeze(1), k_gh_t[t], out=d_gh_t[t])
+            if not resets_at[t]:
+                dh = torch.addmm(torch.addcmul(below_t[t], dh, z_t[t]), flat_t[t], w_hh)
+                continue
+            # no gradient from a reset step into the state before it: it goes to the reset value
+            dh = torch.addmm(dh * z_t[t], flat_t[t], w_hh)
+            if values is not None:
+                values[t] = dh
+            dh = dh.masked_fill_(mask[t], 0.0).add_(below_t[t])
+        d_gh = d_gh.view(time, batch, 3 * size)
+        d_gi = torch.cat([d_gh[..., : 2 * size], torch.stack(after) * k_n], -1)
         need = ctx.needs_input_grad
-        dx, dw_ih, dw_hh, db_ih, db_hh = _weight_grads(need[:1] + need[4:], x, hp, (d_gi, d_gh), w_ih)
-        return dx, None, dh0, _reset_value_grad(before, reset, ctx.has_value), dw_ih, dw_hh, db_ih, db_hh
+        dx, dw_ih, dw_hh, db_ih, db_hh = _weight_grads(need[:1] + need[4:], x.transpose(0, 1), hp,
+                                                       (d_gi, d_gh), w_ih)  # time-major
+        value_grad = None if values is None else values.masked_fill_(~mask, 0.0).transpose(0, 1)
+        return (None if dx is None else dx.transpose(0, 1), None, dh, value_grad, dw_ih, dw_hh, db_ih, db_hh)
 
 
 class _LSTMLayer(torch.autograd.Function):
@@ -183,30 +181,30 @@ class _LSTMLayer(torch.autograd.Function):
         gates = F.linear(x_flat, w_ih * double, bias).view(time, batch, 4 * size)
         if b_hh is not None:
             gates += b_hh * double[:, 0]  # [T, B, 4H]: W_ih x + b now, + W_hh h in place at each step
-        w_hh_t = (w_hh * double).t()
+        w_hh_t = (w_hh * double).t().contiguous()
         resets_at = reset.any(0).tolist()
         mask = reset.t().unsqueeze(-1)  # [T, B, 1]
         sig, tanh_c = torch.empty_like(gates), gates.new_empty(gates.shape[:-1] + (size,))
         c_after, y = torch.empty_like(tanh_c), torch.empty_like(tanh_c)
         i, f, half_g, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
+        # every step's views at once (one call each, not one index per step and tensor)
+        gates_t, sig_t, c_after_t, tanh_c_t, y_t = (v.unbind(0) for v in (gates, sig, c_after, tanh_c, y))
+        i_t, f_t, half_g_t, o_t = (v.unbind(0) for v in (i, f, half_g, o))
         h, c = h0, c0
         for t in range(time):
             if resets_at[t]:
                 # masked_fill, not a product with a 0/1 mask: a NaN or inf must not survive a reset
                 h = h.masked_fill(mask[t], 0.0) if h_value is None else torch.where(mask[t], h_value[:, t], h)
                 c = c.masked_fill(mask[t], 0.0) if c_value is None else torch.where(mask[t], c_value[:, t], c)
-            torch.sigmoid(gates[t].addmm_(h, w_hh_t), out=sig[t])
+            torch.sigmoid(gates_t[t].addmm_(h, w_hh_t), out=sig_t[t])
             # c = f c + i g, with g = 2 half_g - 1
-            c = torch.mul(f[t], c, out=c_after[t]).addcmul_(i[t], half_g[t], value=2.0).sub_(i[t])
-            half_tanh_c = torch.sigmoid(torch.mul(c, 2.0, out=tanh_c[t]), out=tanh_c[t])
-            h = torch.mul(o[t], half_tanh_c, out=y[t]).mul_(2.0).sub_(o[t])  # o tanh(c)
+            c = torch.mul(f_t[t], c, out=c_after_t[t]).addcmul_(i_t[t], half_g_t[t], value=2.0).sub_(i_t[t])
+            half_tanh_c = torch.sigmoid(torch.mul(c, 2.0, out=tanh_c_t[t]), out=tanh_c_t[t])
+            h = torch.mul(o_t[t], half_tanh_c, out=y_t[t]).mul_(2.0).sub_(o_t[t])  # o tanh(c)
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             tanh_c.mul_(2.0).sub_(1.0)
             g = half_g.mul(2.0).sub_(1.0)
-            # the states before every step, after its reset: the previous step's, or the reset value
-            hp, cp = torch.cat([h0.unsqueeze(0), y[:-1]]), torch.cat([c0.unsqueeze(0), c_after[:-1]])
-            hp = hp.masked_fill(mask, 0.0) if h_value is None else torch.where(mask, h_value.transpose(0, 1), hp)
-            cp = cp.masked_fill(mask, 0.0) if c_value is None else torch.where(mask, c_value.transpose(0, 1), cp)
+            hp, cp = _states_before(h0, y, mask, h_value), _states_before(c0, c_after, mask, c_value)
             ctx.save_for_backward(x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh)
             ctx.has_value = h_value is not None
         return y.transpose(0, 1).contiguous(), h, c
@@ -232,18 +230,22 @@ class _LSTMLayer(torch.autograd.Function):
         mask = reset.t().unsqueeze(-1)  # [T, B, 1]
         values = [torch.empty_like(hp), torch.empty_like(cp)] if ctx.has_value else None  # zeroed off resets below
         zero = torch.zeros_like(dc)
+        # every step's views at once; below: the gradient on step t - 1's output
+        k_h_t, k_o_t, f_t, below_t = k_h.unbind(0), k_o.unbind(0), f.unbind(0), (zero, *dy[:-1].unbind(0))
+        k_c_t = [k_c[:, :, gate].unbind(0) for gate in range(3)]
+        d_gates_t = [d_gates[:, :, gate].unbind(0) for gate in range(4)]
+        flat_t = d_gates.view(time, batch, 4 * size).unbind(0)
         for t in range(time - 1, -1, -1):
-            dc = torch.addcmul(dc, dh, k_h[t])
+            dc = torch.addcmul(dc, dh, k_h_t[t])
             for gate in range(3):  # three products: a broadcast one over [B, 3, H] is several times slower
-                torch.mul(dc, k_c[t, :, gate], out=d_gates[t, :, gate])
-            torch.mul(dh, k_o[t], out=d_gates[t, :, 3])
-            flat = d_gates[t].view(batch, 4 * size)
-            below = dy[t - 1] if t else zero  # the gradient on step t - 1's output
+                torch.mul(dc, k_c_t[gate][t], out=d_gates_t[gate][t])
+            torch.mul(dh, k_o_t[t], out=d_gates_t[3][t])
+            below = below_t[t]
             if not resets_at[t]:
-                dh, dc = torch.addmm(below, flat, w_hh), dc * f[t]
+                dh, dc = torch.addmm(below, flat_t[t], w_hh), dc * f_t[t]
                 continue
             # no gradient from a reset step into the state before it: it goes to the reset value
-            dh, dc = flat @ w_hh, dc * f[t]
+            dh, dc = flat_t[t] @ w_hh, dc * f_t[t]
             if values is not None:
                 values[0][t], values[1][t] = dh, dc
             dh, dc = dh.masked_fill_(mask[t], 0.0).add_(below), dc.masked_fill_(mask[t], 0.0)
