@@ -920,3 +920,42 @@ def test_fused_lstm_runs_an_empty_batch(backend):
     assert y.shape == (0, 3, H) and h.shape == c.shape == (0, 1, H)
     (y.sum() + h.sum() + c.sum()).backward()
     assert not rnn.weight_hh_l0.grad.any()
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+def test_fused_runs_under_cpu_autocast_in_the_weights_dtype(cell):
+    """Under CPU autocast (bfloat16) the fused layers run in the weights' dtype, float32: the
+    values and gradients of the loop backend without autocast; a bfloat16 input is cast."""
+    rnn = cell(F, H, num_layers=2, batch_first=True)
+    x, is_first = torch.randn(B, T, F, requires_grad=True), random_flags()
+    results = []
+    for backend, autocast in (("loop", False), ("fused", True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, h_last = rnn_with_resets(rnn, x, is_first, backend=backend)
+        h_last = h_last if isinstance(h_last, tuple) else (h_last,)
+        assert y.dtype == torch.float32
+        results.append((y, h_last, grads(loss_of(y, h_last), [x, *rnn.parameters()])))
+    (y_loop, h_loop, g_loop), (y, h, g) = results
+    for a, b in zip([y, *h, *g], [y_loop, *h_loop, *g_loop]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a bfloat16 input (an autocast layer's output)
+        y_bf16, _ = rnn_with_resets(rnn, x.detach().bfloat16(), is_first, backend="fused")
+    torch.testing.assert_close(y_bf16, rnn_with_resets(rnn, x.detach().bfloat16().float(), is_first)[0])
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("batch, time", [(1, 5), (3, 1)])
+def test_fused_outputs_take_in_place_ops_with_one_row_or_one_step(cell, batch, time):
+    """The outputs are tensors of their own, not views of the layer's buffers (with one row or
+    one step a transpose is already contiguous): in-place ops on them work, as on loop's."""
+    rnn = cell(F, H, batch_first=True)
+    x = torch.randn(batch, time, F, requires_grad=True)
+    results = []
+    for backend in ("loop", "fused"):
+        y, h_last = rnn_with_resets(rnn, x, torch.zeros(batch, time, dtype=torch.bool), backend=backend)
+        h_last = h_last if isinstance(h_last, tuple) else (h_last,)
+        out = torch.relu_(y).sum() + sum(h.mul_(2.0).sum() for h in h_last)
+        results.append((y, grads(out, [x, *rnn.parameters()])))
+    (y_loop, g_loop), (y, g) = results
+    for a, b in zip([y, *g], [y_loop, *g_loop]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

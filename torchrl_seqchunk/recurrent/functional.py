@@ -61,7 +61,7 @@ def rnn_with_resets(
             call per reset-free time segment when resets fall on few steps; any
             rnn), ``"fused"`` (``nn.GRU`` / ``nn.LSTM`` without ``proj_size``: one
             autograd node per layer whose backward through time is written out;
-            the CPU path for small ``nn.GRU`` batches, ``B * H <= 2048``, where
+            the CPU path for small ``nn.GRU`` batches, ``B * H <= 4096``, where
             PyTorch's own CPU backward runs op by op, and for ``nn.LSTM`` with
             resets on most steps; no double backward, no ``torch.func``),
             ``"packed"`` (reset-free row segments in one packed native call; the
@@ -70,7 +70,7 @@ def rnn_with_resets(
             and ``b`` ``[B, T]`` structured like the state, such as
             :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
             ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
-            ``nn.GRU`` with ``B * H <= 2048`` and for an ``nn.LSTM`` without
+            ``nn.GRU`` with ``B * H <= 4096`` and for an ``nn.LSTM`` without
             ``proj_size`` whose resets split the chunk into more than one
             segment per 4 steps, else ``loop``). Default ``"auto"``.
 

@@ -14,7 +14,8 @@ error of about 1e-7 in float32, which is relatively larger on very small activat
 
 Limits: the backward is not itself differentiable (``create_graph=True`` raises a
 RuntimeError naming ``backend='loop'``), and the layers are classic autograd Functions, not
-usable under ``torch.func`` transforms (use ``backend='loop'`` there).
+usable under ``torch.func`` transforms (use ``backend='loop'`` there). Under autocast they run
+in the weights' dtype (inputs cast to it), not in the lower precision.
 
 Equations: PyTorch's ``nn.GRU`` and ``nn.LSTM`` (gates r, z, n and i, f, g, o); gradients:
 backpropagation through time (Werbos, "Backpropagation through time: what it does and how
@@ -36,14 +37,19 @@ def _fused(rnn, x, reset, h0, reset_value):
     """``backend(rnn, x, reset, h0, reset_value) -> (y, h_last)`` of ``backends.py``, one
     autograd node per layer (dropout between layers as ``nn.GRU`` / ``nn.LSTM`` apply it)."""
     layer_fn = _GRULayer if isinstance(rnn, nn.GRU) else _LSTMLayer
+    # in the weights' dtype, autocast off: its lower-precision products would not match the
+    # layers' buffers and states
+    dtype = rnn.weight_hh_l0.dtype
+    x, h0 = x.to(dtype), tuple(h.to(dtype) for h in h0)
     finals = []
-    for layer in range(rnn.num_layers):
-        weights = [getattr(rnn, f"{name}_l{layer}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-        values = [None] * len(h0) if reset_value is None else [v[:, :, layer] for v in reset_value]
-        x, *last = layer_fn.apply(x, reset, *[h[:, layer] for h in h0], *values, *weights)
-        finals.append(last)
-        if rnn.dropout > 0 and rnn.training and layer < rnn.num_layers - 1:
-            x = F.dropout(x, rnn.dropout, True)
+    with torch.autocast(x.device.type, enabled=False):
+        for layer in range(rnn.num_layers):
+            weights = [getattr(rnn, f"{name}_l{layer}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+            values = [None] * len(h0) if reset_value is None else [v[:, :, layer].to(dtype) for v in reset_value]
+            x, *last = layer_fn.apply(x, reset, *[h[:, layer] for h in h0], *values, *weights)
+            finals.append(last)
+            if rnn.dropout > 0 and rnn.training and layer < rnn.num_layers - 1:
+                x = F.dropout(x, rnn.dropout, True)
     return (x,), tuple(torch.stack(entry, 1) for entry in zip(*finals))
 
 
@@ -75,6 +81,13 @@ def _states_before(first, after, mask, value):
     where ``mask [T, B, 1]`` resets. Time-major ``[T, B, H]``."""
     before = torch.cat([first.unsqueeze(0), after[:-1]])
     return before.masked_fill(mask, 0.0) if value is None else torch.where(mask, value.transpose(0, 1), before)
+
+
+def _own(tensor):
+    """A contiguous copy: a layer's outputs must not be views of its buffers (nor of each other),
+    or autograd refuses in-place ops on them (``.contiguous()`` returns the buffer itself when
+    ``B`` or ``T`` is 1)."""
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _zero_if_none(grad, like):
@@ -119,7 +132,7 @@ class _GRULayer(torch.autograd.Function):
             hp = _states_before(h0, y, mask, reset_value)
             ctx.save_for_backward(x, reset, hp, rz, n, gh_n, w_ih, w_hh)
             ctx.has_value = reset_value is not None
-        return y.transpose(0, 1).contiguous(), h
+        return _own(y.transpose(0, 1)), _own(h)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
@@ -207,7 +220,7 @@ class _LSTMLayer(torch.autograd.Function):
             hp, cp = _states_before(h0, y, mask, h_value), _states_before(c0, c_after, mask, c_value)
             ctx.save_for_backward(x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh)
             ctx.has_value = h_value is not None
-        return y.transpose(0, 1).contiguous(), h, c
+        return _own(y.transpose(0, 1)), _own(h), _own(c)
 
     @staticmethod
     def backward(ctx, dy, dh_last, dc_last):
