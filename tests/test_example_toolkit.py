@@ -39,6 +39,7 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"advantage_std_floor": -0.1}, "--advantage-std-floor must be >= 0.0"),
     ({"obs_norm_until": 0.0}, "--obs-norm-until must be in (0.0, 1.0]"),
     ({"obs_norm_until": 1.5}, "--obs-norm-until must be in (0.0, 1.0]"),
+    ({"obs_norm_until": 0.5, "obs_norm": False}, "--no-obs-norm turns off: drop one of the two"),
     ({"window": 64, "rollout_len": 16}, "--window 64 is longer than --rollout-len 16"),
     ({"rollout_len": 40}, "leave 8 of every 40 steps per env in no window"),
     ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),

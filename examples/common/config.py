@@ -161,6 +161,9 @@ class Config(RunConfig):
         options.real("lr", self.lr, 0.0, open_low=True)
         options.real("clip_epsilon", self.clip_epsilon, 0.0, 1.0, open_low=True)
         options.real("obs_norm_until", self.obs_norm_until, 0.0, 1.0, open_low=True)
+        if not self.obs_norm and self.obs_norm_until != type(self).obs_norm_until:
+            raise ValueError(f"--obs-norm-until {self.obs_norm_until} freezes the observation statistics, which "
+                             "--no-obs-norm turns off: drop one of the two")
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
         for name in ("entropy_coeff", "critic_coeff", "advantage_std_floor"):
             options.real(name, getattr(self, name), 0.0)
