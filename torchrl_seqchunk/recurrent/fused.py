@@ -75,6 +75,13 @@ def _refuse_double_backward() -> None:
         )
 
 
+def _reset_step(state, mask_t, value, t: int):
+    """``state [B, H]`` with the rows of ``mask_t [B, 1]`` replaced by ``value[:, t]`` (zeros if
+    ``value`` is None); ``masked_fill``, not a product with a 0/1 mask: a NaN or inf must not
+    survive a reset."""
+    return state.masked_fill(mask_t, 0.0) if value is None else torch.where(mask_t, value[:, t], state)
+
+
 def _states_before(first, after, mask, value):
     """The state before every step, after its reset: ``first [B, H]`` at step 0, then the state
     after the step before (``after [T, B, H]``), replaced by ``value [B, T, H]`` (zeros if None)
@@ -120,7 +127,7 @@ class _GRULayer(torch.autograd.Function):
         h = h0
         for t in range(time):
             if resets_at[t]:
-                h = h.masked_fill(mask[t], 0.0) if reset_value is None else torch.where(mask[t], reset_value[:, t], h)
+                h = _reset_step(h, mask[t], reset_value, t)
             if b_hh is None:
                 torch.mm(h, w_hh_t, out=gh_t[t])
             else:
@@ -206,9 +213,7 @@ class _LSTMLayer(torch.autograd.Function):
         h, c = h0, c0
         for t in range(time):
             if resets_at[t]:
-                # masked_fill, not a product with a 0/1 mask: a NaN or inf must not survive a reset
-                h = h.masked_fill(mask[t], 0.0) if h_value is None else torch.where(mask[t], h_value[:, t], h)
-                c = c.masked_fill(mask[t], 0.0) if c_value is None else torch.where(mask[t], c_value[:, t], c)
+                h, c = _reset_step(h, mask[t], h_value, t), _reset_step(c, mask[t], c_value, t)
             torch.sigmoid(gates_t[t].addmm_(h, w_hh_t), out=sig_t[t])
             # c = f c + i g, with g = 2 half_g - 1
             c = torch.mul(f_t[t], c, out=c_after_t[t]).addcmul_(i_t[t], half_g_t[t], value=2.0).sub_(i_t[t])
