@@ -20,13 +20,15 @@ exact sign-flip p-value (``bench_boundary.paired_stats``).
 
 Beside the grid, ``--speed`` times gradient steps per second of ``streams`` against
 ``sequence`` at equal ``B, T`` (burn-in 0 and ``K``) on one buffer of random-policy steps,
-in interleaved rounds so that machine load hits both alike (median over rounds).
+in interleaved rounds so that machine load hits both alike (median over rounds); and the
+example's collection, ``VectorEnvCollector`` against TorchRL's ``Collector`` on the same env
+and policy, the same way (``collect_fps_vector_vs_collector``, the median of per-round ratios).
 
 Writes under ``--out``: ``offpolicy.csv`` (one row per collector batch of every run),
 ``offpolicy_summary.csv`` (one row per run), ``offpolicy.png`` (mean and range over seeds,
 one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task>``
 (median over seeds; only where both medians are positive, else the difference), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
-``grad_steps_per_s_streams_vs_sequence_burnin<k>``.
+``grad_steps_per_s_streams_vs_sequence_burnin<k>``, ``collect_fps_vector_vs_collector``.
 
     python benchmarks/bench_offpolicy.py --tasks cartpole --seeds 1,2,3 --frames 12000
     python benchmarks/bench_offpolicy.py --speed-only
@@ -124,6 +126,37 @@ def speed(args) -> dict[int, float]:
     return ratios
 
 
+def collect_speed(args) -> float:
+    """Frames/s of the example's collection, VectorEnvCollector over TorchRL's Collector (same env,
+    Q-network, QValueModule and per-env EGreedyModule), interleaved rounds of 4 batches each."""
+    from torchrl.collectors import Collector
+    from torchrl_seqchunk import VectorEnvCollector
+
+    cfg = recurrent_dqn.Config(seed=0, progress=False)
+    _, rnn, policy = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
+    per_batch = cfg.num_envs * cfg.collect_len
+    kinds = {"collector": Collector, "vector": VectorEnvCollector}
+    collectors = {name: kind(recurrent_dqn.envs.make_acting_env(cfg, [rnn], cfg.seed), policy,
+                             frames_per_batch=per_batch) for name, kind in kinds.items()}
+    batches = {name: iter(c) for name, c in collectors.items()}
+    for it in batches.values():  # warm up
+        next(it)
+    seconds = {name: [] for name in kinds}
+    for _ in tqdm(range(args.speed_rounds), desc="collect speed"):
+        for name, it in batches.items():
+            start = time.perf_counter()
+            for _ in range(4):
+                next(it)
+            seconds[name].append((time.perf_counter() - start) / (4 * per_batch))
+    for name, c in collectors.items():
+        c.shutdown()
+        print(f"{name}: {1 / statistics.median(seconds[name]):,.0f} frames/s (median of {args.speed_rounds} rounds)")
+    ratio = statistics.median(c / v for c, v in zip(seconds["collector"], seconds["vector"]))
+    print(f"RATIO collect_fps_vector_vs_collector {ratio:.3f}")
+    torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
+    return ratio
+
+
 def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None:
     import matplotlib
 
@@ -188,10 +221,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
     parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")
-    parser.add_argument("--speed-only", action="store_true", help="only the gradient-steps/s comparison")
-    parser.add_argument("--no-speed", action="store_true", help="skip the gradient-steps/s comparison")
+    parser.add_argument("--speed-only", action="store_true", help="only the speed comparisons (gradient steps, collection)")
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed comparisons")
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
-    parser.add_argument("--speed-rounds", type=int, default=40, help="A/B rounds of the speed comparison")
+    parser.add_argument("--speed-rounds", type=int, default=40, help="A/B rounds of each speed comparison")
     parser.add_argument("--speed-steps", type=int, default=4, help="gradient steps per recipe per round")
 
     def check(args) -> None:
@@ -207,6 +240,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if not args.no_speed:
         speed(args)
+        collect_speed(args)
     if args.speed_only:
         return
     key = ("task", "recipe", "seed")

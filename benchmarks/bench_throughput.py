@@ -63,7 +63,7 @@ from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
 
 from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
 from common.batching import make_batching  # noqa: E402
-from common.envs import make_acting_env, make_env  # noqa: E402
+from common.envs import make_acting_env, make_collector, make_env  # noqa: E402
 from common.ppo import add_advantages, update  # noqa: E402
 
 TASK = "CartPole-v1"
@@ -159,7 +159,7 @@ def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
     """frames/s of the job's collector (``make_collector``: VectorEnvCollector on the vector env)
     over the job's rollouts after one warm-up rollout, and the rollouts."""
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = load_main_job().make_collector(cfg, env, policy, per_batch, per_batch * (1 + max(1, frames // per_batch)))
+    collector = make_collector(cfg, env, policy, per_batch, per_batch * (1 + max(1, frames // per_batch)))
     batches = iter(collector)
     next(batches)  # warm-up
     start = time.perf_counter()

@@ -13,9 +13,11 @@ from replay, everything else equal:
     python examples/recurrent_dqn.py --env popgym:popgym-RepeatPreviousEasy-v0
 
 Pipeline per iteration:
-  1. a TorchRL Collector steps `num_envs` envs (observations normalized by VecNormV2's rule,
-     RunningObservationNorm: the masked task does not learn from raw ones); the Q-network runs ResetRNN in step mode,
-     so the buffer stores the memory it had at every step;
+  1. the main job's collector steps `num_envs` envs (VectorEnvCollector on the in-process vector
+     env, TorchRL's Collector with `--env-batching serial` / `parallel`: the same rollouts;
+     observations normalized by VecNormV2's rule, RunningObservationNorm: the masked task does
+     not learn from raw ones); the Q-network runs ResetRNN in step mode, so the buffer stores
+     the memory it had at every step;
   2. the batch goes into a TensorDictReplayBuffer, only the keys the recipe trains on (the
      stored memory only where a window starts from it): flat for StreamChunkSampler(B, T),
      or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
@@ -38,7 +40,6 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.sample_units import Sequence
 from torchrl.modules import MLP, EGreedyModule, QValueModule
@@ -240,8 +241,7 @@ def main(cfg: Config) -> list[dict]:
     out_dir = report.check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     qnet, rnn, policy = make_qnet(cfg, envs.make_env(cfg, warn=True))
     env = envs.make_acting_env(cfg, [rnn], cfg.seed)
-    collector = Collector(env, policy.to(cfg.device), frames_per_batch=frames_per_batch,
-                          total_frames=planned_frames, device=cfg.device)
+    collector = envs.make_collector(cfg, env, policy.to(cfg.device), frames_per_batch, planned_frames)
     buffer = make_buffer(cfg)
     loss_module, updater = make_loss(cfg, qnet, rnn)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)

@@ -27,30 +27,21 @@ from __future__ import annotations
 
 import torch
 from tensordict.nn import TensorDictSequential
-from torchrl.collectors import Collector
-
-from torchrl_seqchunk import VectorEnvCollector
 
 from common import options
 from common.agent import make_agent
 from common.batching import make_batching
 from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_env, obs_norm_of
+from common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
 from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
 from common.report import Report, check_run_folder
+
 
 def parse_args(argv=None) -> Config:
     cfg = options.cli(Config, __doc__, argv, RENAMED)
     options.or_fail(check_keep, cfg)
     options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
-
-
-def make_collector(cfg: Config, env, policy, frames_per_batch: int, total_frames: int):
-    """The collector of the run: steps ``env`` with ``policy`` (actor then critic, both storing their
-    memory); on the in-process vector env, VectorEnvCollector (the same rollouts, no per-step TensorDict work)."""
-    kind = VectorEnvCollector if cfg.env_batching == "vector" else Collector
-    return kind(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device)
 
 
 def main(cfg: Config) -> list[dict]:

@@ -152,19 +152,16 @@ def test_advantages_are_standardized_once(batching, floor, loss_standardizes):
 @pytest.mark.parametrize("env_batching", ["vector", "serial"])
 def test_the_observation_statistics_freeze_at_obs_norm_until(env_batching):
     from tensordict.nn import TensorDictSequential
-    from torchrl.collectors import Collector
 
     from examples.common.agent import make_agent
-    from examples.common.envs import make_acting_env, make_env, obs_norm_of
+    from examples.common.envs import make_acting_env, make_collector, make_env, obs_norm_of
     from examples.common.ppo import anneal
-    from torchrl_seqchunk import VectorEnvCollector
 
     cfg = Config(obs_norm_until=0.5, env_batching=env_batching, num_envs=2, rollout_len=4)
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     env = make_acting_env(cfg, rnns, 0)
     stats = obs_norm_of(env)
-    kind = VectorEnvCollector if env_batching == "vector" else Collector  # the main job's make_collector
-    collector = kind(env, TensorDictSequential(actor, critic), frames_per_batch=8, total_frames=32)
+    collector = make_collector(cfg, env, TensorDictSequential(actor, critic), 8, 32)
     loss = torch.nn.Module()  # anneal_clip off: the loss module is not read
     optim = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
     counts = []

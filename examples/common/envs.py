@@ -1,12 +1,13 @@
-"""The main job's env: built here, stepped by the collector elsewhere."""
+"""The examples' envs and the collector that steps them."""
 from __future__ import annotations
 
 import functools
 import warnings
 
+from torchrl.collectors import Collector
 from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TensorDictPrimer, TransformedEnv
 
-from torchrl_seqchunk import ReturnScaledReward, RunningObservationNorm
+from torchrl_seqchunk import ReturnScaledReward, RunningObservationNorm, VectorEnvCollector
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
 
 
@@ -69,3 +70,11 @@ def make_acting_env(cfg, rnns, seed: int) -> TransformedEnv:
     env.append_transform(TensorDictPrimer(specs, expand_specs=True))
     env.set_seed(seed)
     return env
+
+
+def make_collector(cfg, env, policy, frames_per_batch: int, total_frames: int):
+    """The collector of a run: steps ``env`` with ``policy`` (whose ResetRNNs store their memory);
+    on the in-process vector env (``--env-batching vector``) VectorEnvCollector (the rollouts of
+    TorchRL's Collector, without its per-step TensorDict work), else TorchRL's Collector."""
+    kind = VectorEnvCollector if cfg.env_batching == "vector" else Collector
+    return kind(env, policy, frames_per_batch=frames_per_batch, total_frames=total_frames, device=cfg.device)

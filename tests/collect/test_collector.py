@@ -8,9 +8,9 @@ import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import Unbounded
-from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TransformedEnv
-from torchrl.modules import SafeModule
+from torchrl.data import Bounded, Unbounded
+from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TensorDictPrimer, TransformedEnv
+from torchrl.modules import EGreedyModule, OneHotCategorical, ProbabilisticActor, QValueModule, SafeModule
 
 from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
 from torchrl_seqchunk.envs import make_masked_env, make_vector_env
@@ -103,10 +103,8 @@ def test_refusals():
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=5)
     with pytest.raises(ValueError, match="total_frames"):
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
-    with pytest.raises(TypeError, match="Collector"):
+    with pytest.raises(TypeError, match="not a TensorDict module"):
         tensor_policy(nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="safe=True"):
-        tensor_policy(SafeModule(nn.Linear(2, 2), ["observation"], ["action"], spec=Unbounded(2), safe=True))
 
 
 def test_reset_rnn_step_on_tensors_is_step_mode():
@@ -208,11 +206,54 @@ def test_float64_observations_keep_their_dtype():
     assert ours[0]["next", "observation"].dtype == torch.float64
 
 
-def test_what_would_act_differently_is_refused():
-    from torchrl.data import Unbounded
-    from torchrl.envs import TensorDictPrimer
-    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+def q_policy():
+    """A recurrent Q-network, TorchRL's QValueModule and EGreedyModule (per-step random draws)."""
+    spec = short_cartpole(lambda: [InitTracker()])().full_action_spec_unbatched["action"]
+    rnn = ResetRNN(nn.GRU(2, 8, batch_first=True), in_key="observation", default_recurrent_mode=False)
+    return TensorDictSequential(rnn, TensorDictModule(nn.Linear(8, 2), ["features"], ["action_value"]),
+                                QValueModule(spec=spec), EGreedyModule(spec, eps_init=0.5, eps_end=0.5))
 
+
+class Tempered(TensorDictModule):
+    def forward(self, tensordict, *args, **kwargs):  # skipped by a plain-tensor call of its module
+        out = super().forward(tensordict, *args, **kwargs)
+        return out.set("logits", out["logits"] * 3)
+
+
+def hooked():
+    module = TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"])
+    module.register_forward_hook(lambda mod, args, out: out.set("logits", out["logits"].flip(-1)))
+    return module
+
+
+def sampled(logits_module):
+    return lambda: TensorDictSequential(logits_module(), TensorDictModule(sample_action, ["logits"], ["action"]))
+
+
+@pytest.mark.parametrize("make_policy", [
+    q_policy,
+    sampled(lambda: SafeModule(nn.Linear(2, 2), ["observation"], ["logits"], spec=Bounded(-0.1, 0.1, (2,)),
+                               safe=True)),
+    sampled(lambda: Tempered(nn.Linear(2, 2), ["observation"], ["logits"])),
+    sampled(hooked),
+    lambda: ProbabilisticActor(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]), in_keys=["logits"],
+                               distribution_class=OneHotCategorical, return_log_prob=True,
+                               generator=torch.Generator().manual_seed(123)),
+], ids=["q_value_egreedy", "safe", "overridden_forward", "forward_hook", "own_generator"])
+def test_modules_run_on_a_tensordict_act_as_under_the_collector(make_policy):
+    # what a plain-tensor call would skip or cannot run: the module itself on a TensorDict of the step
+    def transforms():
+        primer = TensorDictPrimer(recurrent_state=Unbounded(shape=(1, 8)), expand_specs=True)
+        return [InitTracker(), RewardSum(), *[primer] * (make_policy is q_policy)]
+
+    ours = same_rollouts(short_cartpole(transforms), make_policy)
+    if make_policy is q_policy:
+        greedy = nn.functional.one_hot(torch.cat([r["action_value"] for r in ours]).argmax(-1), 2)
+        explored = torch.cat([r["action"] for r in ours]) != greedy
+        assert explored.any() and not explored.all()  # epsilon 0.5: some steps random, not all changed
+
+
+def test_what_would_act_differently_is_refused():
     rnn = ResetRNN(nn.GRU(2, 8, batch_first=True), in_key="observation", default_recurrent_mode=False)
     recurrent = TensorDictSequential(rnn, TensorDictModule(lambda f: sample_action(f[:, :2]), ["features"], ["action"]))
     with pytest.raises(ValueError, match="no primer"):  # the Collector would feed back a stale state
@@ -223,18 +264,6 @@ def test_what_would_act_differently_is_refused():
     other = TensorDictPrimer(foo=Unbounded(shape=(3,)), expand_specs=True)
     with pytest.raises(ValueError, match="no ResetRNN of the policy"):
         VectorEnvCollector(vector_env(InitTracker(), other), POLICY, frames_per_batch=4)
-    seeded = ProbabilisticActor(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]), in_keys=["logits"],
-                                distribution_class=OneHotCategorical, return_log_prob=True,
-                                generator=torch.Generator().manual_seed(123))
-    with pytest.raises(TypeError, match="generator"):
-        tensor_policy(seeded)
-
-    class Tempered(TensorDictModule):
-        def forward(self, tensordict, *args, **kwargs):
-            return super().forward(tensordict, *args, **kwargs)
-
-    with pytest.raises(TypeError, match="overrides"):
-        tensor_policy(Tempered(nn.Linear(2, 2), ["observation"], ["logits"]))
     with pytest.raises(TypeError, match="selected_out_keys"):
         tensor_policy(TensorDictSequential(POLICY, selected_out_keys=["action"]))
     silent = TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"])

@@ -48,5 +48,6 @@ def test_tiny_speed_run_prints_its_ratios(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     ratios = [line for line in result.stdout.splitlines() if line.startswith("RATIO")]
     assert [line.split()[1] for line in ratios] == ["grad_steps_per_s_streams_vs_sequence_burnin0",
-                                                     "grad_steps_per_s_streams_vs_sequence_burnin10"]
+                                                     "grad_steps_per_s_streams_vs_sequence_burnin10",
+                                                     "collect_fps_vector_vs_collector"]
     assert all(float(line.split()[2]) > 0 for line in ratios)

@@ -45,10 +45,11 @@ class VectorEnvCollector:
     ``"is_init"``, ``"episode_reward"``, the done flags at the root and under ``"next"`` (with
     ``"reward"`` and the next observation: a truncated step's final one).
 
-    .. note:: Unlike TorchRL's ``Collector``, it runs only this env and these transforms, and
-        the policy's modules only through :func:`tensor_policy` (anything else is refused when
-        it is built); the policy runs under ``torch.no_grad`` with TorchRL's random interaction
-        mode (its default).
+    .. note:: Unlike TorchRL's ``Collector``, it runs only this env and these transforms (anything
+        else is refused when it is built), and the policy through :func:`tensor_policy` (plain
+        tensors where it can, the module itself on a TensorDict of the step's entries elsewhere,
+        e.g. TorchRL's ``QValueModule`` and ``EGreedyModule``), under ``torch.no_grad`` with
+        TorchRL's random interaction mode (its default).
 
     Args:
         env (TransformedEnv): a ``TransformedEnv`` over a ``SyncVectorGymWrapper`` (batch
@@ -66,8 +67,8 @@ class VectorEnvCollector:
         device (torch.device or str): where the policy runs and the rollouts are stored. Default ``"cpu"``.
 
     Raises:
-        TypeError: ``env`` not such a ``TransformedEnv``, another transform, a module
-            :func:`tensor_policy` cannot run. ValueError: no ``InitTracker``, a transform twice
+        TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
+            :func:`tensor_policy` refuses. ValueError: no ``InitTracker``, a transform twice
             or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape or a primer of no ResetRNN;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither

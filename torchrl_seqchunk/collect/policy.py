@@ -5,15 +5,20 @@
 ``ProbabilisticActor``) once, and returns a function that calls the same modules, in the same
 order, on a ``dict`` of tensors keyed as the TensorDict would be. The values are those of the
 TensorDict call, draw for draw (the same modules, the same distribution, TorchRL's own
-``sample_and_log_prob``); only the per-step TensorDict work is gone.
+``sample_and_log_prob``); only the per-step TensorDict work is gone. Any other TensorDict
+module (TorchRL's ``QValueModule`` and ``EGreedyModule``, a module with hooks or a spec
+projection, ...) is itself called on a TensorDict of the step's entries, as TorchRL's
+``Collector`` calls it: the same values, at the cost of that TensorDict.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tensordict import TensorDictBase, unravel_key
-from tensordict.nn import ProbabilisticTensorDictModule, TensorDictModule, TensorDictSequential
+from tensordict import TensorDict, TensorDictBase, unravel_key
+from tensordict.nn import (InteractionType, ProbabilisticTensorDictModule, TensorDictModule, TensorDictModuleBase,
+                           TensorDictSequential, set_interaction_type)
 from torch import nn
+from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions.utils import sample_and_log_prob
 
 from ..recurrent.module import ResetRNN
@@ -27,11 +32,17 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
     """The acting step of ``policy`` on plain tensors.
 
     Args:
-        policy (nn.Module): a ``TensorDictSequential`` (``ProbabilisticActor``, actor and critic
-            in sequence, ...) whose leaves are ``TensorDictModule`` s (any ``nn.Module`` between
-            keys), :class:`~torchrl_seqchunk.ResetRNN` s (run in step mode) and
-            ``ProbabilisticTensorDictModule`` s (the action drawn as TorchRL's
-            ``ProbabilisticActor`` draws it in its random interaction mode).
+        policy (nn.Module): a TensorDict module, e.g. a ``TensorDictSequential``
+            (``ProbabilisticActor``, actor and critic in sequence, a Q-network then TorchRL's
+            ``QValueModule`` and ``EGreedyModule``, ...). On plain tensors run its
+            ``TensorDictModule`` s (any ``nn.Module`` between keys),
+            :class:`~torchrl_seqchunk.ResetRNN` s (step mode) and ``ProbabilisticTensorDictModule`` s
+            that draw one sample and return its log-probability (drawn as TorchRL's
+            ``ProbabilisticActor`` draws it in its random interaction mode); every other module,
+            and one of these with forward hooks, ``safe=True``, an overridden ``forward``,
+            ``get_kwargs`` or a generator of its own, is called on a TensorDict ``[N]`` of the
+            step's entries, in step mode (``set_recurrent_mode(False)``) and TorchRL's random
+            interaction mode, as TorchRL's ``Collector`` calls it.
 
     Returns:
         A function ``step(data) -> data``: ``data`` a ``dict`` from keys (strings or tuples, as
@@ -42,8 +53,9 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
         ``("next", *state_key)``.
 
     Raises:
-        TypeError: if a module of ``policy`` is none of these (the message names it); the fix is
-            TorchRL's ``Collector``, which runs any TensorDict module.
+        TypeError: if a module of ``policy`` is not a TensorDict module, or a
+            ``TensorDictSequential`` with ``selected_out_keys`` (the message names it); the fix
+            is TorchRL's ``Collector``.
 
     Examples:
         >>> import torch
@@ -74,21 +86,45 @@ def _refuse(module: nn.Module, why: str):
 
 
 def _steps(module: nn.Module) -> list[Step]:
-    if getattr(module, "safe", False):  # TorchRL's Safe* modules project their outputs into a spec
-        _refuse(module, "safe=True would project its outputs into a spec, which it skips; build it with safe=False")
-    if module._forward_hooks or module._forward_pre_hooks:
-        _refuse(module, "it has forward hooks, which a plain-tensor call skips")
+    if not isinstance(module, TensorDictModuleBase):
+        _refuse(module, "it is not a TensorDict module (no in_keys and out_keys to read and write)")
+    if isinstance(module, TensorDictSequential) and module._select_before_return:
+        _refuse(module, "selected_out_keys drops outputs, which a plain-tensor step keeps")
+    if not _runs_plain(module):
+        return [_tensordict_step(module)]
     if isinstance(module, ResetRNN):
         return [_rnn_step(module)]
     if isinstance(module, ProbabilisticTensorDictModule):
         return [_sample_step(module)]
     if isinstance(module, TensorDictSequential):
-        if module._select_before_return:
-            _refuse(module, "selected_out_keys drops outputs, which a plain-tensor step keeps")
         return [run for child in module.module for run in _steps(child)]
-    if isinstance(module, TensorDictModule):
-        return [_module_step(module)]
-    _refuse(module, "it is none of TensorDictSequential, TensorDictModule, ResetRNN, ProbabilisticTensorDictModule")
+    return [_module_step(module)]
+
+
+def _runs_plain(module: TensorDictModuleBase) -> bool:
+    """Whether the plain-tensor step of ``module`` does all that calling it on a TensorDict does."""
+    if getattr(module, "safe", False) or module._forward_hooks or module._forward_pre_hooks:
+        return False  # a projection into a spec (TorchRL's Safe* modules), hooks
+    if isinstance(module, (ResetRNN, TensorDictSequential)):
+        return True
+    if isinstance(module, ProbabilisticTensorDictModule):  # one draw and its log-probability, torch's own RNG
+        return (module.return_log_prob and len(module.dist_sample_keys) == 1 and module.num_samples is None
+                and module._generator is None and module._generator_key is None)
+    return (isinstance(module, TensorDictModule) and type(module).forward is TensorDictModule.forward
+            and not module._get_kwargs)
+
+
+def _tensordict_step(module: TensorDictModuleBase) -> Step:
+    """Calls ``module`` itself on a TensorDict ``[N]`` of the step's entries (step mode, random
+    interaction mode, as the Collector calls it) and writes back every entry it returns."""
+
+    def run(data: dict) -> None:
+        rows = next(iter(data.values())).shape[0]
+        with set_recurrent_mode(False), set_interaction_type(InteractionType.RANDOM):
+            out = module(TensorDict(data, batch_size=[rows]))
+        data.update(out.items(True, True))
+
+    return run
 
 
 def _read(data: dict, key, module: nn.Module):
@@ -100,10 +136,6 @@ def _read(data: dict, key, module: nn.Module):
 
 
 def _module_step(module: TensorDictModule) -> Step:
-    if type(module).forward is not TensorDictModule.forward:
-        _refuse(module, "it overrides TensorDictModule.forward, which a plain-tensor call would skip")
-    if module._get_kwargs:
-        _refuse(module, "get_kwargs (defaults for missing keys) are not applied on plain tensors")
     inner = module.module if module.method is None else getattr(module.module, module.method)
     extra, names = dict(module.method_kwargs), module._kwargs  # names: a dict of in_keys, by argument
     in_keys = [unravel_key(k) for k in module.in_keys]
@@ -141,11 +173,6 @@ def _rnn_step(rnn: ResetRNN) -> Step:
 
 
 def _sample_step(module: ProbabilisticTensorDictModule) -> Step:
-    if not module.return_log_prob or len(module.dist_sample_keys) != 1 or module.num_samples is not None:
-        _refuse(module, "it runs a probabilistic module that draws one sample and returns its log-probability "
-                        "(return_log_prob=True, no num_samples)")
-    if module._generator is not None or module._generator_key is not None:
-        _refuse(module, "its own generator is not used on plain tensors (draws come from torch's global one)")
     sample_key, log_prob_key = unravel_key(module.dist_sample_keys[0]), unravel_key(module.log_prob_key)
 
     def run(data: dict) -> None:
