@@ -815,6 +815,40 @@ def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
                 torch.testing.assert_close(y[k], member(chunk(x, is_first))["features"])
 
 
+class _WithResets(nn.Module):
+    def __init__(self, rnn, backend="auto"):
+        super().__init__()
+        self.rnn, self.backend = rnn, backend
+
+    def forward(self, x, is_first):
+        return rnn_with_resets(self.rnn, x, is_first, backend=self.backend)[0]
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's vmap of the cells
+@pytest.mark.parametrize("cls", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("resets", ["many", "first_only"])  # the loop's cell steps, its native segments
+def test_auto_runs_under_torch_func_and_fused_names_the_fix(cls, resets):
+    # auto picks fused for these sizes outside a transform; inside vmap and grad it must pick a
+    # backend that runs there, each member's output and the plain gradient being the references
+    x, is_first = torch.randn(B, T, F), random_flags()
+    if resets == "first_only":
+        is_first = torch.zeros_like(is_first)
+        is_first[:, 0] = True
+    members = [_WithResets(cls(F, H, batch_first=True)) for _ in range(2)]
+    params = torch.func.stack_module_state(members)[0]
+    y = torch.func.vmap(lambda p: torch.func.functional_call(members[0], p, (x, is_first)))(params)
+    for k, member in enumerate(members):
+        torch.testing.assert_close(y[k], _WithResets(member.rnn, "fused")(x, is_first))
+    own = dict(members[0].named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(members[0], p, (x, is_first)).square().sum())(own)
+    _WithResets(members[0].rnn, "fused")(x, is_first).square().sum().backward()
+    for name, value in own.items():
+        torch.testing.assert_close(grads[name], value.grad)
+    fused = _WithResets(members[0].rnn, "fused")
+    with pytest.raises(RuntimeError, match="backend='loop'"):
+        torch.func.vmap(lambda p: torch.func.functional_call(fused, p, (x, is_first)))(params)
+
+
 @pytest.mark.parametrize("backend", ["loop", "packed", "scan"])
 def test_empty_time_is_refused_and_empty_batch_runs(backend):
     rnn = MinGRUCell(F, H) if backend == "scan" else nn.LSTM(F, H, num_layers=2, batch_first=True)

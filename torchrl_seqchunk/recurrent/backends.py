@@ -29,6 +29,13 @@ _BACKEND_NAMES = ("auto", "loop", "packed", "scan", "fused")
 # ----------------------------------------------------------------------------
 
 
+def _under_func_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ...) is running: the fused layers
+    (classic autograd Functions) cannot run there, nor ``vmap`` the native sequence and LSTM
+    cell kernels."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _layer_steps(rnn: nn.Module, layout: _Layout):
     """One step function per layer: ``step(x_t, state_tuple) -> state_tuple``."""
     if isinstance(rnn, (nn.GRU, nn.LSTM)):
@@ -49,14 +56,15 @@ def _layer_steps(rnn: nn.Module, layout: _Layout):
 
 
 def _lstm_step(x, state, weights, proj):
-    if proj is None:
+    if proj is None and not _under_func_transform():
         return torch.lstm_cell(x, state, *weights)
-    # the native cell cannot project h (proj_size): same equations, written out
+    # the native cell cannot project h (proj_size) nor run under vmap: same equations, written out
     w_ih, w_hh, b_ih, b_hh = weights
     gates = F.linear(x, w_ih, b_ih) + F.linear(state[0], w_hh, b_hh)
     i, f, g, o = gates.chunk(4, dim=-1)
     c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
-    return F.linear(torch.sigmoid(o) * torch.tanh(c), proj), c
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return (h if proj is None else F.linear(h, proj)), c
 
 
 def _reset(state, masks, values):
@@ -71,9 +79,10 @@ def _loop(rnn, x, reset, h0, reset_value, *, layout):
 
     An ``nn.GRU`` / ``nn.LSTM`` chunk whose resets fall on few time steps (at
     most one reset-free segment per 4 steps) runs one native call per
-    segment; otherwise every step runs the native cell kernel.
+    segment (not under a ``torch.func`` transform: ``vmap`` has no rule for
+    them); otherwise every step runs the native cell kernel.
     """
-    if isinstance(rnn, (nn.GRU, nn.LSTM)):
+    if isinstance(rnn, (nn.GRU, nn.LSTM)) and not _under_func_transform():
         bounds = _segment_bounds(reset)
         if _few_segments(bounds, reset):
             return _loop_segments(rnn, x, reset, h0, reset_value, bounds)
@@ -241,6 +250,8 @@ _FUSED_GRU_MAX_WIDTH = 4096
 def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> str:
     if hasattr(rnn, "linear_coefficients"):
         return "scan"
+    if _under_func_transform():
+        return "loop"
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
     # small CPU batches: PyTorch's own GRU backward runs op by op, the fused one batches it
@@ -295,6 +306,12 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
             raise TypeError(
                 f"backend='fused' needs an nn.GRU or an nn.LSTM without proj_size, got "
                 f"{type(rnn).__name__}; use backend='loop'."
+            )
+        if _under_func_transform():
+            raise RuntimeError(
+                "backend='fused' cannot run under a torch.func transform (vmap, grad, an ensemble "
+                "through functional_call): its layers are classic autograd Functions. Use "
+                "backend='loop', or 'auto', which picks it there."
             )
         return _fused(rnn, x, reset, h0, reset_state)
     return _scan(rnn, x, reset, h0, reset_state, layout=layout)

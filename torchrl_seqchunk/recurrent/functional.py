@@ -63,12 +63,14 @@ def rnn_with_resets(
             autograd node per layer whose backward through time is written out;
             the CPU path for small ``nn.GRU`` batches, ``B * H <= 4096``, where
             PyTorch's own CPU backward runs op by op, and for ``nn.LSTM`` with
-            resets on most steps; no double backward, no ``torch.func``),
+            resets on most steps; no double backward, no ``torch.func``: a
+            RuntimeError names the fix),
             ``"packed"`` (reset-free row segments in one packed native call; the
             GPU path, ``nn.GRU``/``nn.LSTM`` only), ``"scan"`` (parallel prefix
             scan, only for cells with ``linear_coefficients(x) -> (a, b)``, ``a``
             and ``b`` ``[B, T]`` structured like the state, such as
-            :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else
+            :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else ``loop``
+            under a ``torch.func`` transform, else
             ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
             ``nn.GRU`` with ``B * H <= 4096`` and for an ``nn.LSTM`` without
             ``proj_size`` whose resets split the chunk into more than one
@@ -86,6 +88,7 @@ def rnn_with_resets(
             non-tensor inputs.
         ValueError: wrong shapes (also ``T = 0``; ``B = 0`` is fine), TensorDict
             states whose keys differ, unknown ``backend``, a bidirectional ``rnn``.
+        RuntimeError: ``backend="fused"`` under a ``torch.func`` transform.
 
     Examples:
         >>> import torch

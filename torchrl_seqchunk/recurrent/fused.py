@@ -14,7 +14,7 @@ error of about 1e-7 in float32, which is relatively larger on very small activat
 
 Limits: the backward is not itself differentiable (``create_graph=True`` raises a
 RuntimeError naming ``backend='loop'``), and the layers are classic autograd Functions, not
-usable under ``torch.func`` transforms (use ``backend='loop'`` there). Under autocast they run
+usable under ``torch.func`` transforms (``auto`` picks ``loop`` there; ``fused`` raises). Under autocast they run
 in the weights' dtype (inputs cast to it), not in the lower precision.
 
 Equations: PyTorch's ``nn.GRU`` and ``nn.LSTM`` (gates r, z, n and i, f, g, o); gradients:
