@@ -14,10 +14,11 @@ from replay, everything else equal:
 
 Pipeline per iteration:
   1. the main job's collector steps `num_envs` envs (VectorEnvCollector on the in-process vector
-     env, TorchRL's Collector with `--env-batching serial` / `parallel`: the same rollouts;
-     observations normalized by VecNormV2's rule, RunningObservationNorm: the masked task does
-     not learn from raw ones); the Q-network runs ResetRNN in step mode, so the buffer stores
-     the memory it had at every step;
+     env, TorchRL's Collector with `--env-batching serial` / `parallel`: the same rollouts from
+     the same random state, but the Collector calls the policy once when it is built, an
+     epsilon-greedy draw, so the two runs of a seed differ; observations normalized by
+     VecNormV2's rule, RunningObservationNorm: the masked task does not learn from raw ones);
+     the Q-network runs ResetRNN in step mode, so the buffer stores the memory it had at every step;
   2. the batch goes into a TensorDictReplayBuffer, only the keys the recipe trains on (the
      stored memory only where a window starts from it): flat for StreamChunkSampler(B, T),
      or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
