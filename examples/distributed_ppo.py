@@ -68,8 +68,8 @@ from common.batching import StreamBatching
 from common.config import RENAMED, Config
 from common.envs import check_keep, make_acting_env, make_env
 from common.loopback import join_loopback_group, loopback_store
-from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
-from common.report import Report, check_run_folder
+from common.ppo import LOGGED, add_advantages, anneal, update
+from common.report import Report, check_run_folder, finished_returns
 
 EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
 

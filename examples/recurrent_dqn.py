@@ -50,7 +50,7 @@ from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
 
 from common import envs, options, report  # examples/common
 from common.config import RunConfig
-from common.ppo import finished_returns
+from common.report import finished_returns
 
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 

@@ -33,8 +33,8 @@ from common.agent import make_agent
 from common.batching import make_batching
 from common.config import RENAMED, Config
 from common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
-from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
-from common.report import Report, check_run_folder
+from common.ppo import LOGGED, add_advantages, anneal, update
+from common.report import Report, check_run_folder, finished_returns
 
 
 def parse_args(argv=None) -> Config:

@@ -39,8 +39,8 @@ from common import options
 from common.agent import make_agent
 from common.batching import make_batching
 from common.config import Config as MainConfig
-from common.ppo import LOGGED, add_advantages, anneal, finished_returns, update
-from common.report import Report, check_run_folder
+from common.ppo import LOGGED, add_advantages, anneal, update
+from common.report import Report, check_run_folder, finished_returns
 from torchrl_seqchunk import (Demo, EncodeObservation, ResetManager, ReturnScaledReward, ReverseCurriculum,
                               RunningObservationNorm)
 

@@ -68,9 +68,3 @@ def anneal(cfg, optim: torch.optim.Optimizer, loss_module, remaining: float,
         loss_module.clip_epsilon.fill_(cfg.clip_epsilon * remaining)
     if obs_norm is not None and cfg.obs_norm_until < 1 and 1 - remaining >= cfg.obs_norm_until:
         obs_norm.frozen = True
-
-
-def finished_returns(steps: TensorDictBase) -> list[float]:
-    """The raw returns of the episodes that end in `steps` (any batch shape)."""
-    done = steps["next", "done"].squeeze(-1)
-    return steps["next", "episode_reward"][done].squeeze(-1).tolist()

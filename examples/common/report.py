@@ -17,9 +17,16 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
+from tensordict import TensorDictBase
 from tqdm import tqdm
 
 METRICS, CURVE = "metrics.csv", "learning_curve.png"
+
+
+def finished_returns(steps: TensorDictBase) -> list[float]:
+    """The raw returns of the episodes that end in ``steps`` (any batch shape)."""
+    done = steps["next", "done"].squeeze(-1)
+    return steps["next", "episode_reward"][done].squeeze(-1).tolist()
 
 
 def finished(out_dir: Path) -> bool:
