@@ -220,6 +220,12 @@ class Tempered(TensorDictModule):
         return out.set("logits", out["logits"] * 3)
 
 
+class Doubled(TensorDictSequential):
+    def forward(self, tensordict, *args, **kwargs):  # skipped by walking its modules
+        out = super().forward(tensordict, *args, **kwargs)
+        return out.set("logits", out["logits"] * 2)
+
+
 def hooked():
     module = TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"])
     module.register_forward_hook(lambda mod, args, out: out.set("logits", out["logits"].flip(-1)))
@@ -236,10 +242,13 @@ def sampled(logits_module):
                                safe=True)),
     sampled(lambda: Tempered(nn.Linear(2, 2), ["observation"], ["logits"])),
     sampled(hooked),
+    lambda: TensorDictSequential(Doubled(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"])),
+                                 TensorDictModule(sample_action, ["logits"], ["action"])),
     lambda: ProbabilisticActor(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]), in_keys=["logits"],
                                distribution_class=OneHotCategorical, return_log_prob=True,
                                generator=torch.Generator().manual_seed(123)),
-], ids=["q_value_egreedy", "safe", "overridden_forward", "forward_hook", "own_generator"])
+], ids=["q_value_egreedy", "safe", "overridden_forward", "forward_hook", "overridden_sequential",
+        "own_generator"])
 def test_modules_run_on_a_tensordict_act_as_under_the_collector(make_policy):
     # what a plain-tensor call would skip or cannot run: the module itself on a TensorDict of the step
     def transforms():

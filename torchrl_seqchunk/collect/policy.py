@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tensordict import TensorDict, TensorDictBase, unravel_key
-from tensordict.nn import (InteractionType, ProbabilisticTensorDictModule, TensorDictModule, TensorDictModuleBase,
-                           TensorDictSequential, set_interaction_type)
+from tensordict.nn import (InteractionType, ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential,
+                           TensorDictModule, TensorDictModuleBase, TensorDictSequential, set_interaction_type)
 from torch import nn
 from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions.utils import sample_and_log_prob
@@ -105,8 +105,10 @@ def _runs_plain(module: TensorDictModuleBase) -> bool:
     """Whether the plain-tensor step of ``module`` does all that calling it on a TensorDict does."""
     if getattr(module, "safe", False) or module._forward_hooks or module._forward_pre_hooks:
         return False  # a projection into a spec (TorchRL's Safe* modules), hooks
-    if isinstance(module, (ResetRNN, TensorDictSequential)):
+    if isinstance(module, ResetRNN):
         return True
+    if isinstance(module, TensorDictSequential):  # walked: its forward must be one that only runs its modules
+        return type(module).forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
     if isinstance(module, ProbabilisticTensorDictModule):  # one draw and its log-probability, torch's own RNG
         return (module.return_log_prob and len(module.dist_sample_keys) == 1 and module.num_samples is None
                 and module._generator is None and module._generator_key is None)
