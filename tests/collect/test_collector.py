@@ -5,12 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule, TensorDictModule, TensorDictModuleBase,
+                           TensorDictSequential)
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import Bounded, Unbounded
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TensorDictPrimer, TransformedEnv
-from torchrl.modules import EGreedyModule, OneHotCategorical, ProbabilisticActor, QValueModule, SafeModule
+from torchrl.modules import (EGreedyModule, GRUModule, OneHotCategorical, OrnsteinUhlenbeckProcessModule,
+                             ProbabilisticActor, QValueModule, SafeModule, TanhNormal)
 
 from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
 from torchrl_seqchunk.envs import make_masked_env, make_vector_env
@@ -262,6 +264,67 @@ def test_modules_run_on_a_tensordict_act_as_under_the_collector(make_policy):
         assert explored.any() and not explored.all()  # epsilon 0.5: some steps random, not all changed
 
 
+def short_pendulum(transforms=lambda: [InitTracker(), RewardSum()]):
+    def make():
+        env = TransformedEnv(make_vector_env("Pendulum-v1", 3, max_episode_steps=4), Compose(*transforms()))
+        env.set_seed(0)
+        return env
+    return make
+
+
+class Peek(TensorDictModuleBase):
+    """Reads the stored state before the ResetRNN: the primer's zeros at an episode start."""
+    in_keys, out_keys = ["recurrent_state"], ["seen"]
+
+    def forward(self, tensordict):
+        return tensordict.set("seen", tensordict.get("recurrent_state")[:, 0, 0].clone())
+
+
+def gaussian(make_module):
+    net = TensorDictModule(nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()), ["observation"], ["loc", "scale"])
+    return lambda: TensorDictSequential(net, make_module(in_keys=["loc", "scale"], out_keys=["action"],
+                                                         distribution_class=TanhNormal, return_log_prob=True))
+
+
+def gru_module():
+    return GRUModule(input_size=2, hidden_size=4, in_key="observation", out_key="feat", default_recurrent_mode=False)
+
+
+def resets(rnn_policy):
+    return TensorDictSequential(Peek(), rnn_policy, TensorDictModule(nn.Linear(8, 2), ["features"], ["logits"]),
+                                TensorDictModule(sample_action, ["logits"], ["action"]))
+
+
+@pytest.mark.parametrize("make_env, make_policy", [
+    # the noise state OrnsteinUhlenbeckProcessModule keeps in private root keys goes on to the next step
+    (short_pendulum(), lambda: TensorDictSequential(
+        TensorDictModule(lambda obs: torch.zeros(obs.shape[0], 1), ["observation"], ["action"]),
+        OrnsteinUhlenbeckProcessModule(spec=short_pendulum()().full_action_spec_unbatched["action"], sigma=0.0,
+                                       theta=0.5, x0=0.0, mu=1.0, dt=1.0))),
+    # TorchRL's GRUModule: its state primed (carried, zeros at a reset), and without a primer (dropped)
+    (short_cartpole(lambda: [InitTracker(), gru_module().make_tensordict_primer()]),
+     lambda: TensorDictSequential(gru_module(), TensorDictModule(nn.Linear(4, 2), ["feat"], ["logits"]),
+                                  TensorDictModule(sample_action, ["logits"], ["action"]))),
+    (short_cartpole(lambda: [InitTracker()]),
+     lambda: TensorDictSequential(gru_module(), TensorDictModule(nn.Linear(4, 2), ["feat"], ["logits"]),
+                                  TensorDictModule(sample_action, ["logits"], ["action"]))),
+    # a ResetRNN's stored state read before it: the primer's zeros at the first step and at resets
+    (short_cartpole(lambda: [InitTracker(), TensorDictPrimer(recurrent_state=Unbounded(shape=(1, 8)),
+                                                             expand_specs=True)]),
+     lambda: resets(ResetRNN(nn.GRU(2, 8, batch_first=True), in_key="observation", default_recurrent_mode=False))),
+    # tensordict's probabilistic module computes its log-probability its own way; TorchRL's actor too
+    (short_pendulum(), gaussian(ProbabilisticTensorDictModule)),
+    (short_pendulum(), gaussian(lambda **kwargs: ProbabilisticActor(TensorDictModule(lambda loc, scale: (loc, scale),
+                                                                                     ["loc", "scale"], ["loc", "scale"]),
+                                                                    **kwargs))),
+], ids=["ou_noise", "gru_module_primed", "gru_module_unprimed", "state_read_before_reset_rnn",
+        "tensordict_probabilistic", "torchrl_probabilistic"])
+@pytest.mark.filterwarnings("ignore:The env passed to Collector is missing transforms:FutureWarning")  # unprimed
+def test_what_the_collector_carries_between_steps_is_carried(make_env, make_policy):
+    ours = same_rollouts(make_env, make_policy, frames_per_batch=15)
+    assert torch.cat([r["is_init"] for r in ours])[:, 1:].any()  # resets inside the rollouts
+
+
 def test_what_would_act_differently_is_refused():
     rnn = ResetRNN(nn.GRU(2, 8, batch_first=True), in_key="observation", default_recurrent_mode=False)
     recurrent = TensorDictSequential(rnn, TensorDictModule(lambda f: sample_action(f[:, :2]), ["features"], ["action"]))
@@ -270,9 +333,9 @@ def test_what_would_act_differently_is_refused():
     wrong = TensorDictPrimer(recurrent_state=Unbounded(shape=(2, 8)), expand_specs=True)
     with pytest.raises(ValueError, match="no primer of that shape"):
         VectorEnvCollector(vector_env(InitTracker(), wrong), recurrent, frames_per_batch=4)
-    other = TensorDictPrimer(foo=Unbounded(shape=(3,)), expand_specs=True)
-    with pytest.raises(ValueError, match="no ResetRNN of the policy"):
-        VectorEnvCollector(vector_env(InitTracker(), other), POLICY, frames_per_batch=4)
+    noisy = TensorDictPrimer(foo=Unbounded(shape=(3,)), random=True, expand_specs=True)
+    with pytest.raises(ValueError, match="random=True or a default_value other than 0"):
+        VectorEnvCollector(vector_env(InitTracker(), noisy), POLICY, frames_per_batch=4)
     with pytest.raises(TypeError, match="selected_out_keys"):
         tensor_policy(TensorDictSequential(POLICY, selected_out_keys=["action"]))
     silent = TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"])

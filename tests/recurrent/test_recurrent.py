@@ -844,9 +844,19 @@ def test_auto_runs_under_torch_func_and_fused_names_the_fix(cls, resets):
     _WithResets(members[0].rnn, "fused")(x, is_first).square().sum().backward()
     for name, value in own.items():
         torch.testing.assert_close(grads[name], value.grad)
-    fused = _WithResets(members[0].rnn, "fused")
-    with pytest.raises(RuntimeError, match="backend='loop'"):
-        torch.func.vmap(lambda p: torch.func.functional_call(fused, p, (x, is_first)))(params)
+    for backend in ("fused", "packed"):
+        named = _WithResets(members[0].rnn, backend)
+        with pytest.raises(RuntimeError, match=f"backend='{backend}' cannot run under a torch.func.*backend='loop'"):
+            torch.func.vmap(lambda p: torch.func.functional_call(named, p, (x, is_first)))(params)
+    # per-sample: vmap over rows, the reset flags batched too; each row on its own is the reference
+    rnn = members[0].rnn
+    rows = torch.func.vmap(lambda x_b, f_b: rnn_with_resets(rnn, x_b[None], f_b[None])[0][0])(x, is_first)
+    torch.testing.assert_close(rows, rnn_with_resets(rnn, x, is_first, backend="fused")[0])
+    # a backward vectorized by vmap cannot run the fused layers' backward: named, not torch's own error
+    x.requires_grad_(True)
+    y = rnn_with_resets(rnn, x, is_first, backend="fused")[0]
+    with pytest.raises(RuntimeError, match="cannot run under vmap.*backend='loop'"):
+        torch.autograd.grad(y, x, torch.randn(2, *y.shape), is_grads_batched=True)
 
 
 @pytest.mark.parametrize("backend", ["loop", "packed", "scan"])

@@ -38,8 +38,9 @@ class VectorEnvCollector:
     (:func:`~torchrl_seqchunk.collect.tensor_policy`) directly, applies each transform's rule
     to plain tensors (``InitTracker``, ``RewardSum``,
     :class:`~torchrl_seqchunk.RunningObservationNorm`,
-    :class:`~torchrl_seqchunk.ReturnScaledReward`; the primers of the policy's ResetRNN states
-    are checked, the states carried from step to step), resets the envs that
+    :class:`~torchrl_seqchunk.ReturnScaledReward`, ``TensorDictPrimer``: zeros at a reset),
+    carries entries from step to step as TorchRL's ``step_mdp`` does (every root entry, and the
+    primed ones from ``"next"``), resets the envs that
     ended on gymnasium's ``reset_mask`` and numbers trajectories as the ``Collector`` does
     (``("collector", "traj_ids")``). A rollout holds the policy's outputs and ``"observation"``,
     ``"is_init"``, ``"episode_reward"``, the done flags at the root and under ``"next"`` (with
@@ -55,7 +56,8 @@ class VectorEnvCollector:
         env (TransformedEnv): a ``TransformedEnv`` over a ``SyncVectorGymWrapper`` (batch
             ``[N]``, a float ``"observation"`` ``[N, D]``) whose transforms are among
             ``InitTracker()``, ``RewardSum()``, ``RunningObservationNorm()``,
-            ``ReturnScaledReward()`` (after ``RewardSum``) and ``TensorDictPrimer``, with their
+            ``ReturnScaledReward()`` (after ``RewardSum``) and ``TensorDictPrimer`` (one for each
+            ResetRNN of the policy, ``rnn.make_tensordict_primer()``; zeros), with their
             default keys. Seed it (``env.set_seed``) before building the collector, which resets it.
         policy (nn.Module): a policy :func:`tensor_policy` runs, writing ``"action"`` in the
             env's action format.
@@ -70,7 +72,7 @@ class VectorEnvCollector:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
             :func:`tensor_policy` refuses. ValueError: no ``InitTracker``, a transform twice
             or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
-            policy without a primer of its state's shape or a primer of no ResetRNN;
+            policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
             ``-1`` nor positive; at a step, a policy that writes no ``"action"``.
 
@@ -104,7 +106,7 @@ class VectorEnvCollector:
             raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
         self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
         self._steps = frames_per_batch // self.num_envs
-        self._obs_norm, self._reward_scale, self._reward_sum = _read_transforms(env, policy)
+        self._obs_norm, self._reward_scale, self._reward_sum, self._primed = _read_transforms(env, policy)
         self._act = tensor_policy(policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
@@ -115,7 +117,7 @@ class VectorEnvCollector:
                       **{name: flag for name in _FLAGS}}
         if self._reward_sum:
             self._root["episode_reward"] = torch.zeros(self.num_envs, 1, device=self.device)
-        self._carried: dict = {}
+        self._carried = {key: first[key].to(self.device) for key in self._primed}  # the primers' zeros
         self._traj_ids = torch.arange(self.num_envs, device=self.device)
         self._next_traj = self.num_envs
 
@@ -130,13 +132,17 @@ class VectorEnvCollector:
         """One rollout ``[N, T]``, going on from where the previous one stopped."""
         steps = []
         for _ in range(self._steps):
-            data = self._act({**self._carried, **self._root})  # the env's entries win over the policy's
-            data[("collector", "traj_ids")] = self._traj_ids
+            # the env's entries win over those carried from the previous step
+            data = self._act({**self._carried, **self._root, ("collector", "traj_ids"): self._traj_ids})
             if "action" not in data:
                 raise ValueError(f"the policy wrote no \"action\" (its outputs: {sorted(map(str, data))}).")
             nxt = self._step(data["action"])
-            self._carried = _next_entries(data)
-            steps.append((data, self._carried, nxt))
+            # under "next": a primed entry the policy left unwritten keeps its value (TensorDictPrimer's step)
+            after = {**{key: data[key] for key in self._primed if key in data}, **_next_entries(data)}
+            steps.append((data, after, nxt))
+            # TorchRL's step_mdp (keep_other=True): every root entry goes on, the primed ones from "next"
+            self._carried = {**{key: value for key, value in data.items() if not _is_next(key)},
+                             **{key: after[key] for key in self._primed if key in after}}
             self._reset_ended(nxt)
         out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _, _ in steps])
         out["next"] = _stack([{**carried, **nxt} for _, carried, nxt in steps])
@@ -164,8 +170,9 @@ class VectorEnvCollector:
         """The next step's root: the step's next entries, the envs that ended reset (transforms' reset rules)."""
         done = nxt["done"].reshape(-1)
         # root flags: False at every step, which follows a reset or a step that went on
+        flag = torch.zeros_like(nxt["is_init"])  # a tensor of its own per flag: a module may write in place
         root = {"observation": nxt["observation"], "is_init": nxt["is_init"],
-                **{name: self._root[name] for name in _FLAGS}}
+                **{name: flag.clone() for name in _FLAGS}}
         if self._reward_sum:
             root["episode_reward"] = nxt["episode_reward"]
         if bool(done.any()):
@@ -178,6 +185,9 @@ class VectorEnvCollector:
             column = done.unsqueeze(-1)
             root["observation"] = torch.where(column, obs, root["observation"])
             root["is_init"] = column
+            for key in self._primed:  # TensorDictPrimer's reset: zeros in the envs reset
+                value = self._carried[key]
+                self._carried[key] = value.masked_fill(column.view(-1, *[1] * (value.dim() - 1)), 0)
             if self._reward_sum:
                 root["episode_reward"] = root["episode_reward"].masked_fill(column, 0.0)
             new = torch.arange(self._next_traj, self._next_traj + int(done.sum()), device=self.device)
@@ -202,7 +212,8 @@ def _flat(transform) -> list:
 
 def _read_transforms(env: TransformedEnv, policy: nn.Module):
     """The env's transforms, checked: each known, with its default keys, once; the primers those
-    of the policy's ResetRNN states. Returns (RunningObservationNorm, ReturnScaledReward, RewardSum?)."""
+    of the policy's ResetRNN states among them. Returns (RunningObservationNorm, ReturnScaledReward,
+    RewardSum?, the primed keys)."""
     transforms = _flat(env.transform)
     kinds = [type(t) for t in transforms]
     if InitTracker not in kinds:
@@ -212,6 +223,11 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
     primed: dict = {}
     for transform in transforms:
         if isinstance(transform, TensorDictPrimer):
+            if transform.random or any(not isinstance(v, (int, float)) or v != 0
+                                       for v in transform.default_value.values()):
+                raise ValueError("a TensorDictPrimer with random=True or a default_value other than 0: "
+                                 "VectorEnvCollector resets primed entries to zeros; step this env with "
+                                 "TorchRL's Collector.")
             primed.update((unravel_key(k), spec.shape) for k, spec in transform.primers.items(True, True))
             continue
         if not isinstance(transform, (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward)):
@@ -237,11 +253,11 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
                              "(observation, reward, done, is_init, episode_reward) VectorEnvCollector "
                              "uses; build it with its default keys.")
     _check_primers(primed, policy)
-    return obs_norm, reward_scale, RewardSum in kinds
+    return obs_norm, reward_scale, RewardSum in kinds, list(primed)
 
 
 def _check_primers(primed: dict, policy: nn.Module) -> None:
-    """Every ResetRNN state of the policy has a primer of its shape, and every primer is one."""
+    """Every ResetRNN state of the policy has a primer of its shape."""
     states = {key: shape for rnn in policy.modules() if isinstance(rnn, ResetRNN)
               for key, shape in zip(rnn.state_keys, rnn.state_shapes)}
     for key, shape in states.items():
@@ -249,11 +265,6 @@ def _check_primers(primed: dict, policy: nn.Module) -> None:
             raise ValueError(f"the policy's ResetRNN state {key!r} {list(shape)} has no primer of that shape in "
                              "the env: append rnn.make_tensordict_primer() for each ResetRNN (TorchRL's Collector "
                              "needs it too).")
-    extra = set(primed) - set(states)
-    if extra:
-        raise ValueError(f"the env's primers declare {sorted(map(str, extra))}, which no ResetRNN of the policy "
-                         "keeps; VectorEnvCollector carries only ResetRNN states: drop those primers, or step "
-                         "this env with TorchRL's Collector.")
 
 
 def _is_next(key) -> bool:

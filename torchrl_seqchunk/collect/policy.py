@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase, unravel_key
 from tensordict.nn import (InteractionType, ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential,
                            TensorDictModule, TensorDictModuleBase, TensorDictSequential, set_interaction_type)
 from torch import nn
-from torchrl.modules import set_recurrent_mode
+from torchrl.modules import SafeProbabilisticModule, set_recurrent_mode
 from torchrl.modules.distributions.utils import sample_and_log_prob
 
 from ..recurrent.module import ResetRNN
@@ -36,9 +36,9 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
             (``ProbabilisticActor``, actor and critic in sequence, a Q-network then TorchRL's
             ``QValueModule`` and ``EGreedyModule``, ...). On plain tensors run its
             ``TensorDictModule`` s (any ``nn.Module`` between keys),
-            :class:`~torchrl_seqchunk.ResetRNN` s (step mode) and ``ProbabilisticTensorDictModule`` s
-            that draw one sample and return its log-probability (drawn as TorchRL's
-            ``ProbabilisticActor`` draws it in its random interaction mode); every other module,
+            :class:`~torchrl_seqchunk.ResetRNN` s (step mode) and TorchRL's probabilistic modules
+            (``ProbabilisticActor``'s) that draw one sample and return its log-probability (drawn
+            as it draws them in its random interaction mode); every other module,
             and one of these with forward hooks, ``safe=True``, an overridden ``forward``,
             ``get_kwargs`` or a generator of its own, is called on a TensorDict ``[N]`` of the
             step's entries, in step mode (``set_recurrent_mode(False)``) and TorchRL's random
@@ -109,8 +109,11 @@ def _runs_plain(module: TensorDictModuleBase) -> bool:
         return True
     if isinstance(module, TensorDictSequential):  # walked: its forward must be one that only runs its modules
         return type(module).forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
-    if isinstance(module, ProbabilisticTensorDictModule):  # one draw and its log-probability, torch's own RNG
-        return (module.return_log_prob and len(module.dist_sample_keys) == 1 and module.num_samples is None
+    if isinstance(module, ProbabilisticTensorDictModule):
+        # TorchRL's own forward (sample_and_log_prob; tensordict's computes the log-probability
+        # otherwise), one draw and its log-probability, torch's own RNG
+        return (type(module).forward is SafeProbabilisticModule.forward and module.return_log_prob
+                and len(module.dist_sample_keys) == 1 and module.num_samples is None
                 and module._generator is None and module._generator_key is None)
     return (isinstance(module, TensorDictModule) and type(module).forward is TensorDictModule.forward
             and not module._get_kwargs)

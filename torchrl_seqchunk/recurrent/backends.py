@@ -134,7 +134,9 @@ def _loop_steps(rnn, x, reset, h0, reset_value, *, layout):
     steps = _layer_steps(rnn, layout)
     batch, time = reset.shape
     inputs = x.unbind(1)
-    resets_at = reset.any(0).tolist()  # one host sync; steps where no row resets skip the select
+    # one host sync; steps where no row resets skip the select (under a transform the flags may be
+    # batched, with no values to read: every step selects)
+    resets_at = [True] * time if _under_func_transform() else reset.any(0).tolist()
     finals = []
     for layer, step in enumerate(steps):
         state = tuple(s[:, layer] if stacked else s for s in h0)
@@ -299,6 +301,13 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
         backend = _pick_backend(rnn, x.device, reset)
     if backend == "loop":
         return _loop(rnn, x, reset, h0, reset_state, layout=layout)
+    if backend in ("packed", "fused") and _under_func_transform():
+        raise RuntimeError(
+            f"backend={backend!r} cannot run under a torch.func transform (vmap, grad, an ensemble "
+            "through functional_call): " + ("its layers are classic autograd Functions" if backend == "fused"
+                                            else "vmap has no rule for packed sequences")
+            + ". Use backend='loop', or 'auto', which picks it there."
+        )
     if backend == "packed":
         return _packed(rnn, x, reset, h0, reset_state)
     if backend == "fused":
@@ -306,12 +315,6 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
             raise TypeError(
                 f"backend='fused' needs an nn.GRU or an nn.LSTM without proj_size, got "
                 f"{type(rnn).__name__}; use backend='loop'."
-            )
-        if _under_func_transform():
-            raise RuntimeError(
-                "backend='fused' cannot run under a torch.func transform (vmap, grad, an ensemble "
-                "through functional_call): its layers are classic autograd Functions. Use "
-                "backend='loop', or 'auto', which picks it there."
             )
         return _fused(rnn, x, reset, h0, reset_state)
     return _scan(rnn, x, reset, h0, reset_state, layout=layout)

@@ -13,8 +13,9 @@ computes ``tanh(a)`` as ``2 sigmoid(2a) - 1`` (several times cheaper on CPU; an 
 error of about 1e-7 in float32, which is relatively larger on very small activations).
 
 Limits: the backward is not itself differentiable (``create_graph=True`` raises a
-RuntimeError naming ``backend='loop'``), and the layers are classic autograd Functions, not
-usable under ``torch.func`` transforms (``auto`` picks ``loop`` there; ``fused`` raises). Under autocast they run
+RuntimeError naming ``backend='loop'``, as does a backward vectorized by ``vmap``,
+``is_grads_batched=True``), and the layers are classic autograd Functions, not usable under
+``torch.func`` transforms (``auto`` picks ``loop`` there; ``fused`` raises). Under autocast they run
 in the weights' dtype (inputs cast to it), not in the lower precision.
 
 Equations: PyTorch's ``nn.GRU`` and ``nn.LSTM`` (gates r, z, n and i, f, g, o); gradients:
@@ -65,13 +66,21 @@ def _weight_grads(need, x, hp, d_gates, w_ih):
             flat_gh.sum(0) if need[4] else None)
 
 
-def _refuse_double_backward() -> None:
+def _refuse_unsupported_backward(*grads) -> None:
     """The backward below is not differentiable: refuse ``create_graph=True`` (a gradient
-    penalty would otherwise see a constant gradient and add nothing, silently)."""
+    penalty would otherwise see a constant gradient and add nothing, silently), and a backward
+    vectorized by ``vmap`` (``is_grads_batched=True``, ``jacobian(vectorize=True)``)."""
     if torch.is_grad_enabled():
         raise RuntimeError(
             "the fused backend's backward is not differentiable (create_graph=True, a "
             "double backward or a gradient penalty): pass backend='loop'."
+        )
+    functorch = torch._C._functorch
+    if functorch.peek_interpreter_stack() is not None or any(
+            g is not None and functorch.is_legacy_batchedtensor(g) for g in grads):
+        raise RuntimeError(
+            "the fused backend's backward cannot run under vmap (autograd.grad(..., "
+            "is_grads_batched=True), jacobian(..., vectorize=True)): pass backend='loop'."
         )
 
 
@@ -143,7 +152,7 @@ class _GRULayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        _refuse_double_backward()
+        _refuse_unsupported_backward(dy, dh_last)
         x, reset, hp, rz, n, gh_n, w_ih, w_hh = ctx.saved_tensors
         time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
@@ -229,7 +238,7 @@ class _LSTMLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_last, dc_last):
-        _refuse_double_backward()
+        _refuse_unsupported_backward(dy, dh_last, dc_last)
         x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh = ctx.saved_tensors
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
