@@ -18,8 +18,9 @@ with the same seed share env draws and initial weights, so each TorchRL recipe i
 compared with ``streams`` pair by pair: mean paired difference, 95% bootstrap interval,
 exact sign-flip p-value (``bench_boundary.paired_stats``).
 
-Beside the grid, ``--speed`` times gradient steps per second of ``streams`` against
-``sequence`` at equal ``B, T`` (burn-in 0 and ``K``) on one buffer of random-policy steps,
+Before the grid (unless ``--no-speed``; alone with ``--speed-only``) it times gradient
+steps per second of ``streams`` against ``sequence`` at equal ``B, T`` (burn-in 0 and
+``K``) on one buffer of random-policy steps,
 in interleaved rounds so that machine load hits both alike (median over rounds); and the
 example's collection, ``VectorEnvCollector`` against TorchRL's ``Collector`` on the same env
 and policy, the same way (``collect_fps_vector_vs_collector``, the median of per-round ratios).
