@@ -3,6 +3,7 @@ rollouts, key for key and value for value; and what it refuses."""
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule, TensorDictModule, TensorDictModuleBase,
@@ -11,11 +12,12 @@ from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import Bounded, Unbounded
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TensorDictPrimer, TransformedEnv
+from torchrl.envs.libs.gym import default_info_dict_reader
 from torchrl.modules import (EGreedyModule, GRUModule, OneHotCategorical, OrnsteinUhlenbeckProcessModule,
                              ProbabilisticActor, QValueModule, SafeModule, TanhNormal)
 
 from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
-from torchrl_seqchunk.envs import make_masked_env, make_vector_env
+from torchrl_seqchunk.envs import SyncVectorGymWrapper, make_masked_env, make_vector_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from common.agent import make_agent  # noqa: E402  examples/common: the main job's agent
@@ -107,6 +109,23 @@ def test_refusals():
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
     with pytest.raises(TypeError, match="not a TensorDict module"):
         tensor_policy(nn.Linear(2, 2))
+
+
+def wrapped(env_id: str, **kwargs) -> TransformedEnv:
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 2, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    return TransformedEnv(SyncVectorGymWrapper(vector, **kwargs), InitTracker())
+
+
+def test_wrappers_whose_torchrl_step_does_more_are_refused():
+    # each would step or read otherwise than TorchRL's step of the same wrapper (the Collector's)
+    with pytest.raises(ValueError, match="frame_skip=3"):  # three gymnasium steps per action there, one here
+        VectorEnvCollector(wrapped("CartPole-v1", frame_skip=3), POLICY, frames_per_batch=4)
+    env = wrapped("CartPole-v1")
+    env.base_env.set_info_dict_reader(default_info_dict_reader(["x"], spec={"x": Unbounded(shape=(2,))}))
+    with pytest.raises(ValueError, match="info dict reader"):  # keys the Collector's rollouts would hold
+        VectorEnvCollector(env, POLICY, frames_per_batch=4)
+    with pytest.raises(TypeError, match="OneHot"):  # TorchRL one-hot encodes a Discrete observation
+        VectorEnvCollector(wrapped("FrozenLake-v1"), POLICY, frames_per_batch=4)
 
 
 def test_reset_rnn_step_on_tensors_is_step_mode():
@@ -249,8 +268,12 @@ def sampled(logits_module):
     lambda: ProbabilisticActor(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]), in_keys=["logits"],
                                distribution_class=OneHotCategorical, return_log_prob=True,
                                generator=torch.Generator().manual_seed(123)),
+    # partial_tolerant: a module whose keys are absent (no "action" before the first step) is skipped
+    lambda: TensorDictSequential(TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]),
+                                 TensorDictModule(lambda a: a.float().sum(-1, keepdim=True), ["action"], ["had_action"]),
+                                 TensorDictModule(sample_action, ["logits"], ["action"]), partial_tolerant=True),
 ], ids=["q_value_egreedy", "safe", "overridden_forward", "forward_hook", "overridden_sequential",
-        "own_generator"])
+        "own_generator", "partial_tolerant"])
 def test_modules_run_on_a_tensordict_act_as_under_the_collector(make_policy):
     # what a plain-tensor call would skip or cannot run: the module itself on a TensorDict of the step
     def transforms():

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 from torch import nn
+from torchrl.data import Bounded, Unbounded
 from torchrl.envs import Compose, InitTracker, RewardSum, TensorDictPrimer, TransformedEnv
 
 from .._checks import check_int
@@ -70,7 +71,9 @@ class VectorEnvCollector:
 
     Raises:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
-            :func:`tensor_policy` refuses. ValueError: no ``InitTracker``, a transform twice
+            :func:`tensor_policy` refuses, an observation other than one Box array
+            ``"observation"`` (pixels, a dict, a one-hot or categorical space). ValueError: the
+            wrapper built with ``frame_skip`` or given an info dict reader; no ``InitTracker``, a transform twice
             or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
@@ -96,6 +99,7 @@ class VectorEnvCollector:
         if not isinstance(env, TransformedEnv) or not isinstance(env.base_env, SyncVectorGymWrapper):
             raise TypeError(f"env must be a TransformedEnv over a SyncVectorGymWrapper (make_vector_env), got "
                             f"{type(env).__name__}; step other envs with TorchRL's Collector.")
+        _check_base(env.base_env)
         self.env, self.device = env, torch.device("cpu" if device is None else device)
         self.num_envs = env.batch_size[0] if env.batch_dims == 1 else 0
         check_int("frames_per_batch", frames_per_batch, low=1)
@@ -201,6 +205,25 @@ class VectorEnvCollector:
     def shutdown(self) -> None:
         """Closes the env."""
         self.env.close()
+
+
+def _check_base(base: SyncVectorGymWrapper) -> None:
+    """Refuses a wrapper whose TorchRL step does more than one gymnasium step read as one array
+    "observation": frame skipping, info dict readers, other observation entries (pixels, a dict
+    space) or a one-hot / categorical observation (TorchRL encodes it, the plain step would not)."""
+    if base.wrapper_frame_skip != 1:
+        raise ValueError(f"the SyncVectorGymWrapper was built with frame_skip={base.wrapper_frame_skip}, which "
+                         "VectorEnvCollector does not apply (it steps each env once per action); skip frames "
+                         "in the gymnasium envs (a wrapper) or step this env with TorchRL's Collector.")
+    if base.info_dict_reader:
+        raise ValueError("the SyncVectorGymWrapper has an info dict reader, whose keys VectorEnvCollector does "
+                         "not read; step this env with TorchRL's Collector.")
+    keys = list(base.observation_spec.keys(True, True))
+    if keys != ["observation"] or not isinstance(base.observation_spec["observation"], (Bounded, Unbounded)):
+        raise TypeError(f"VectorEnvCollector reads one Box observation into \"observation\"; this env's "
+                        f"observation spec is {[(str(k), type(base.observation_spec[k]).__name__) for k in keys]} "
+                        "(flatten or encode the observation in the gymnasium envs, as make_vector_env does, or "
+                        "step this env with TorchRL's Collector).")
 
 
 def _flat(transform) -> list:

@@ -40,7 +40,8 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
             (``ProbabilisticActor``'s) that draw one sample and return its log-probability (drawn
             as it draws them in its random interaction mode); every other module,
             and one of these with forward hooks, ``safe=True``, an overridden ``forward``,
-            ``get_kwargs`` or a generator of its own, is called on a TensorDict ``[N]`` of the
+            ``partial_tolerant=True``, ``get_kwargs`` or a generator of its own, is called on a
+            TensorDict ``[N]`` of the
             step's entries, in step mode (``set_recurrent_mode(False)``) and TorchRL's random
             interaction mode, as TorchRL's ``Collector`` calls it.
 
@@ -107,8 +108,10 @@ def _runs_plain(module: TensorDictModuleBase) -> bool:
         return False  # a projection into a spec (TorchRL's Safe* modules), hooks
     if isinstance(module, ResetRNN):
         return True
-    if isinstance(module, TensorDictSequential):  # walked: its forward must be one that only runs its modules
-        return type(module).forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
+    if isinstance(module, TensorDictSequential):  # walked: its forward must be one that only runs its modules,
+        # each of which reads every key it names (partial_tolerant skips one whose keys are absent)
+        return (type(module).forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
+                and not module.partial_tolerant)
     if isinstance(module, ProbabilisticTensorDictModule):
         # TorchRL's own forward (sample_and_log_prob; tensordict's computes the log-probability
         # otherwise), one draw and its log-probability, torch's own RNG
