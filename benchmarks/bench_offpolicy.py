@@ -83,7 +83,7 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
 
 def speed(args) -> dict[int, float]:
     """Gradient steps per second, streams over sequence, per burn-in, interleaved A/B."""
-    base = dict(seed=0, progress=False, total_frames=args.speed_frames, learning_starts=10**9)
+    base = dict(seed=0, progress=False, total_frames=args.speed_frames, learning_starts=0)  # built, never run
     buffers, losses = {}, {}
     first = recurrent_dqn.Config(**base)
     qnet, rnn, policy = recurrent_dqn.make_qnet(first, recurrent_dqn.envs.make_env(first))

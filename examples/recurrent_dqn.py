@@ -41,12 +41,13 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import Categorical, LazyTensorStorage, OneHot, SliceSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.sample_units import Sequence
 from torchrl.modules import MLP, EGreedyModule, QValueModule
 from torchrl.objectives import HardUpdate, SoftUpdate
 
 from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
+from torchrl_seqchunk.envs import make_masked_env
 
 from common import envs, options, report  # examples/common
 from common.config import RunConfig
@@ -132,6 +133,32 @@ class Config(RunConfig):
                              "start from the carried state.")
         if self.replay != "sequence" and self.burn_in != Config.burn_in:
             raise ValueError("--burn-in applies to --replay sequence only.")
+        if self.buffer_size < self.frames_per_batch:
+            raise ValueError(f"--buffer-size ({self.buffer_size}) must hold a collector batch "
+                             f"(--num-envs x --collect-len = {self.frames_per_batch} frames).")
+        if self.replay != "streams" and self.buffer_size // self.num_envs < self.window:
+            raise ValueError(f"--buffer-size ({self.buffer_size}) holds {self.buffer_size // self.num_envs} steps "
+                             f"per env, fewer than a window of {self.window} (--seq-len, plus --burn-in for "
+                             "sequence): raise --buffer-size.")
+        if self.planned_grad_steps < 1:
+            raise ValueError(f"--learning-starts {self.learning_starts}, --replay-ratio {self.replay_ratio} and "
+                             f"--total-frames {self.total_frames} leave no gradient step (each trains --batch-rows "
+                             "x --seq-len steps): lower --learning-starts or raise --total-frames or --replay-ratio.")
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.num_envs * self.collect_len
+
+    @property
+    def planned_frames(self) -> int:
+        """--total-frames rounded up to whole collector batches."""
+        return -(-self.total_frames // self.frames_per_batch) * self.frames_per_batch
+
+    @property
+    def planned_grad_steps(self) -> int:
+        """Gradient steps of a whole run: the replay ratio from the batch that reaches --learning-starts."""
+        before = max(-(-self.learning_starts // self.frames_per_batch) - 1, 0) * self.frames_per_batch
+        return int(self.replay_ratio * max(self.planned_frames - before, 0) / (self.batch_rows * self.seq_len))
 
     @property
     def window(self) -> int:
@@ -139,11 +166,31 @@ class Config(RunConfig):
         return self.seq_len + (self.burn_in if self.replay == "sequence" else 0)
 
 
+def discrete_actions(cfg: Config, env):
+    """The env's unbatched action spec (QValueModule takes one env's); a ValueError unless it is
+    one choice among n (a gymnasium Discrete space)."""
+    spec = env.full_action_spec_unbatched["action"]
+    if not ((type(spec) is OneHot and len(spec.shape) == 1) or (type(spec) is Categorical and not spec.shape)):
+        raise ValueError(f"--env {cfg.env}: its actions are {type(spec).__name__} {list(spec.shape)}; Q-learning "
+                         "here picks one of n actions (a gymnasium Discrete action space), e.g. CartPole-v1 or "
+                         "a POPGym task with one discrete action.")
+    return spec
+
+
+def check_actions(cfg: Config) -> None:
+    """Builds one env of the run to check its actions (:func:`discrete_actions`)."""
+    env = make_masked_env(cfg.env, envs.kept_indices(cfg))
+    try:
+        discrete_actions(cfg, env)
+    finally:
+        env.close()
+
+
 def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorDictSequential]:
     """Q-network (encoder -> ResetRNN(GRU) -> Q head), its ResetRNN and the acting policy
     (Q-network -> QValueModule -> per-env EGreedyModule)."""
     obs_dim = env.observation_spec["observation"].shape[-1]
-    action_spec = env.full_action_spec_unbatched["action"]  # QValueModule takes one env's spec
+    action_spec = discrete_actions(cfg, env)
     rnn = ResetRNN(nn.GRU(cfg.hidden, cfg.hidden, batch_first=True), in_key="q_embed", out_key="q_features",
                    # the loss starts every row through the reset state (carried, stored or zeros)
                    state_key="q_state", reset_state_key="q_state")
@@ -207,6 +254,7 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
         return batch  # [B, T], is_first from the sampler
     batch = batch.reshape(cfg.batch_rows, cfg.window)
     if cfg.replay == "sequence":
+        batch = from_first_record(batch)
         valid = batch["validity_mask"]
         learn = batch["learning_mask"] & valid
     else:
@@ -222,6 +270,23 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
     return batch
 
 
+def from_first_record(batch: TensorDictBase) -> TensorDictBase:
+    """Sequence windows [B, L] whose burn-in reaches before the oldest stored record (TorchRL's
+    Sequence then repeats that record, marked invalid in "validity_mask") moved to start at it:
+    the repeats would be unrolled as steps of the episode, from the record's own stored memory.
+    A row's steps shift left by its repeats; its last steps, now past its real ones, are marked
+    invalid (the burn-in stays the first K steps, so up to K learned steps of such a window are
+    only burnt in)."""
+    valid = batch["validity_mask"]
+    lead = (~valid).long().cumprod(1).sum(1, keepdim=True)  # [B, 1] repeats before the first real record
+    if not bool(lead.any()):
+        return batch
+    steps = torch.arange(batch.shape[1]) + lead
+    batch = batch[torch.arange(batch.shape[0]).unsqueeze(1), steps.clamp(max=batch.shape[1] - 1)]
+    batch["validity_mask"] = batch["validity_mask"] & (steps < valid.shape[1])
+    return batch
+
+
 def make_loss(cfg: Config, qnet, rnn):
     loss = RecurrentDQNLoss(
         qnet, rnn, gamma=cfg.gamma, n_steps=cfg.n_steps, double_dqn=cfg.double_dqn,
@@ -234,11 +299,18 @@ def make_loss(cfg: Config, qnet, rnn):
     return loss, updater
 
 
+def parse_args(argv=None) -> Config:
+    cfg = options.cli(Config, __doc__, argv)
+    options.or_fail(envs.check_keep, cfg)
+    options.or_fail(check_actions, cfg)
+    options.or_fail(report.check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+    return cfg
+
+
 def main(cfg: Config) -> list[dict]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    frames_per_batch = cfg.num_envs * cfg.collect_len
-    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch
+    frames_per_batch, planned_frames = cfg.frames_per_batch, cfg.planned_frames
     out_dir = report.check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     qnet, rnn, policy = make_qnet(cfg, envs.make_env(cfg, warn=True))
     env = envs.make_acting_env(cfg, [rnn], cfg.seed)
@@ -280,4 +352,4 @@ def main(cfg: Config) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(options.cli(Config, __doc__))
+    main(parse_args())

@@ -107,6 +107,10 @@ def test_a_run_counts_as_finished_once_its_metrics_hold_a_row(tmp_path):
     with pytest.raises(ValueError, match="--overwrite"):
         check_run_folder(tmp_path, "run", overwrite=False)
     assert check_run_folder(tmp_path, "run", overwrite=True) == run
+    (tmp_path / "file").write_text("")
+    for runs_dir, name in ((tmp_path / "file", "run"), (tmp_path, "file")):  # mkdir would fail mid-start
+        with pytest.raises(ValueError, match="is a file"):
+            check_run_folder(runs_dir, name, overwrite=True)
 
 
 def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):

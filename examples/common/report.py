@@ -40,8 +40,12 @@ def finished(out_dir: Path) -> bool:
 
 
 def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
-    """``runs_dir/name``; a ValueError if it holds a finished run and ``overwrite`` is False."""
+    """``runs_dir/name``; a ValueError if it holds a finished run and ``overwrite`` is False, or if
+    ``runs_dir`` or that folder is a file."""
     out_dir = Path(runs_dir) / name
+    for path in (Path(runs_dir), out_dir):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} is a file: pass a --runs-dir (and --name) that is a folder or does not exist.")
     if finished(out_dir) and not overwrite:
         raise ValueError(f"{out_dir} holds the outputs of an earlier run; pass --name to write "
                          "elsewhere or --overwrite to replace them.")

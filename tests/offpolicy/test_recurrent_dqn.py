@@ -37,6 +37,30 @@ def test_options_that_do_not_apply_are_refused():
         recurrent_dqn.Config(buffer_size=1001, num_envs=8)
 
 
+@pytest.mark.parametrize("options, match", [
+    # inputs a run would accept and lose: no gradient step in the whole run (44 with TINY's settings)
+    (dict(total_frames=80), "no gradient step"),  # the batch reaching 96 frames never comes
+    (dict(replay_ratio=0.04), "no gradient step"),  # 0.04 x 176 frames / 8 steps < 1
+    (dict(buffer_size=8), "hold a collector batch"),  # 2 envs x 8 steps
+    (dict(buffer_size=16, replay="sequence"), "fewer than a window of 14"),  # 8 steps per env
+])
+def test_settings_that_lose_the_run_are_refused(options, match):
+    assert recurrent_dqn.Config(**TINY).planned_grad_steps == 44  # the count the tiny run makes
+    with pytest.raises(ValueError, match=match):
+        recurrent_dqn.Config(**{**TINY, **options})
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--env", "Pendulum-v1", "--keep", "all"], "one of n actions"),  # Box actions
+    (["--env", "popgym:popgym-BattleshipEasy-v0"], "one of n actions"),  # MultiDiscrete actions
+    (["--keep", "0,7"], "--keep 0,7"),  # CartPole has 4 entries
+])
+def test_command_lines_refused_before_a_run(argv, match, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        recurrent_dqn.parse_args([*argv, "--runs-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and match in capsys.readouterr().err
+
+
 class Handed:
     """A buffer whose sample() hands back a fixed batch (what the recipe's sampler returns)."""
 
@@ -115,3 +139,28 @@ def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():
                  "--replay", "--initial-state", "--burn-in", "--replay-ratio", "--threads"):
         assert flag in result.stdout, flag
     assert "streams,sequence,slice" in result.stdout.replace(" ", "")
+
+
+def test_sequence_windows_start_at_the_oldest_record_after_the_ring_wraps():
+    """TorchRL's Sequence repeats the oldest stored record where a burn-in reaches before it;
+    the RNN must not unroll the repeats as steps of the episode."""
+    cfg = recurrent_dqn.Config(replay="sequence", num_envs=1, collect_len=4, buffer_size=8, seq_len=3, burn_in=4,
+                               batch_rows=64, hidden=8)
+    buffer = recurrent_dqn.make_buffer(cfg)
+    for k in range(3):  # 12 steps of one episode into 8 slots: the oldest kept is step 4
+        t = torch.arange(4 * k, 4 * k + 4, dtype=torch.float32).view(1, 4, 1)
+        flags = torch.zeros(1, 4, 1, dtype=torch.bool)
+        recurrent_dqn.write(cfg, buffer, TensorDict({
+            "observation": t, "action": torch.ones(1, 4, 2), "is_init": t == 0,
+            ("collector", "traj_ids"): torch.zeros(1, 4, dtype=torch.long),
+            "q_state": t.view(1, 4, 1, 1).expand(1, 4, 1, 8),  # the memory stored with each step
+            ("next", "observation"): t + 1, ("next", "reward"): torch.ones(1, 4, 1),
+            ("next", "done"): flags, ("next", "terminated"): flags, ("next", "truncated"): flags,
+        }, batch_size=[1, 4]))
+    out = recurrent_dqn.sample(cfg, buffer)
+    obs, valid, first = out["observation"][..., 0], out["validity_mask"], out["is_first"][..., 0]
+    past = ~valid & valid.long().cummax(1).values.bool()
+    carried = ~first[:, 1:] & ~past[:, 1:]  # the RNN goes on from step t to t + 1 in the same episode
+    assert (obs[:, 1:] - obs[:, :-1] == 1)[carried].all()  # ... only between consecutive records
+    assert valid[:, 0].all() and (out["q_state"][:, 0, 0, 0] == obs[:, 0]).all()  # each from its own memory
+    assert ((obs[:, 0] == 4) & ~valid[:, -1]).any()  # a window moved to start at the oldest record
