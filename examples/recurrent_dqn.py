@@ -147,6 +147,7 @@ class Config(RunConfig):
 
     @property
     def frames_per_batch(self) -> int:
+        """Frames per collector batch: --num-envs x --collect-len."""
         return self.num_envs * self.collect_len
 
     @property
@@ -272,8 +273,8 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
 
 def from_first_record(batch: TensorDictBase) -> TensorDictBase:
     """Sequence windows [B, L] whose burn-in reaches before the oldest stored record (TorchRL's
-    Sequence then repeats that record, marked invalid in "validity_mask") moved to start at it:
-    the repeats would be unrolled as steps of the episode, from the record's own stored memory.
+    Sequence then repeats that record, marked invalid in "validity_mask") moved to start at that
+    record, from its own stored memory, instead of unrolling the repeats as steps of the episode.
     A row's steps shift left by its repeats; its last steps, now past its real ones, are marked
     invalid (the burn-in stays the first K steps, so up to K learned steps of such a window are
     only burnt in)."""
