@@ -33,6 +33,7 @@ Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from typing import Literal
@@ -309,6 +310,7 @@ def parse_args(argv=None) -> Config:
 
 
 def main(cfg: Config) -> list[dict]:
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # not the storage's size at its first write
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     frames_per_batch, planned_frames = cfg.frames_per_batch, cfg.planned_frames
