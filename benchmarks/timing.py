@@ -35,13 +35,38 @@ def write_figures(rows: list[dict], ratios: dict[str, float], path: Path) -> Non
         writer.writerows(rows)
 
 
-def rank_zero_result(rank_fn, world_size: int, args):
+def rank_zero_result(rank_fn, world_size: int, args, teardown_s: float = 30.0):
     """Spawns ``rank_fn(rank, world_size, port, args, results)`` for every rank, the ranks
-    meeting at a loopback store on ``port``; returns what rank 0 puts in ``results``."""
+    meeting at a loopback store on ``port``; returns what rank 0 puts in ``results``.
+
+    A rank that raises fails the call (torch's ``ProcessRaisedException``). Ranks still
+    running ``teardown_s`` seconds after rank 0's result came are terminated, with a warning:
+    gloo's process group can deadlock in its destructor (the main thread holding the GIL while
+    it joins gloo's work thread, which waits for the GIL), and the figure is in by then."""
+    import warnings
+
     import torch.multiprocessing as mp
     from common.loopback import loopback_store  # examples/common (benchmarks/toolkit.py puts it on the path)
 
     results = mp.get_context("spawn").SimpleQueue()
     store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1
-    mp.start_processes(rank_fn, args=(world_size, store.port, args, results), nprocs=world_size, start_method="spawn")
-    return results.get()
+    context = mp.start_processes(rank_fn, args=(world_size, store.port, args, results), nprocs=world_size,
+                                 join=False, start_method="spawn")
+    got, deadline = [], None
+    while not context.join(timeout=0.5):
+        if not got and not results.empty():
+            got.append(results.get())
+            deadline = time.monotonic() + teardown_s
+        if deadline is not None and time.monotonic() > deadline:
+            stuck = [p.pid for p in context.processes if p.is_alive()]
+            warnings.warn(f"ranks {stuck} were still tearing down {teardown_s:g} s after rank 0's result; "
+                          "terminated them.", RuntimeWarning, stacklevel=2)
+            for process in context.processes:
+                process.terminate()
+                process.join()
+            break
+    if not got:
+        if results.empty():
+            raise RuntimeError(f"{rank_fn.__name__}: every rank exited and rank 0 put no result.")
+        got.append(results.get())
+    return got[0]
