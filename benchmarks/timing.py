@@ -52,11 +52,10 @@ def rank_zero_result(rank_fn, world_size: int, args, teardown_s: float = 30.0):
     store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1
     context = mp.start_processes(rank_fn, args=(world_size, store.port, args, results), nprocs=world_size,
                                  join=False, start_method="spawn")
-    got, deadline = [], None
+    deadline = None  # set when rank 0's result is in
     while not context.join(timeout=0.5):
-        if not got and not results.empty():
-            got.append(results.get())
-            deadline = time.monotonic() + teardown_s
+        if deadline is None and not results.empty():
+            result, deadline = results.get(), time.monotonic() + teardown_s
         if deadline is not None and time.monotonic() > deadline:
             stuck = [p.pid for p in context.processes if p.is_alive()]
             warnings.warn(f"ranks {stuck} were still tearing down {teardown_s:g} s after rank 0's result; "
@@ -65,8 +64,8 @@ def rank_zero_result(rank_fn, world_size: int, args, teardown_s: float = 30.0):
                 process.terminate()
                 process.join()
             break
-    if not got:
+    if deadline is None:  # every rank ended before the result was read
         if results.empty():
             raise RuntimeError(f"{rank_fn.__name__}: every rank exited and rank 0 put no result.")
-        got.append(results.get())
-    return got[0]
+        result = results.get()
+    return result

@@ -73,8 +73,8 @@ class VectorEnvCollector:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
             :func:`tensor_policy` refuses, an observation other than one Box array
             ``"observation"`` (pixels, a dict, a one-hot or categorical space). ValueError: the
-            wrapper built with ``frame_skip`` or given an info dict reader; no ``InitTracker``, a transform twice
-            or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
+            wrapper built with ``frame_skip`` or given an info dict reader; no ``InitTracker``,
+            a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
             ``-1`` nor positive; at a step, a policy that writes no ``"action"``.

@@ -41,9 +41,8 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
             as it draws them in its random interaction mode); every other module,
             and one of these with forward hooks, ``safe=True``, an overridden ``forward``,
             ``partial_tolerant=True``, ``get_kwargs`` or a generator of its own, is called on a
-            TensorDict ``[N]`` of the
-            step's entries, in step mode (``set_recurrent_mode(False)``) and TorchRL's random
-            interaction mode, as TorchRL's ``Collector`` calls it.
+            TensorDict ``[N]`` of the step's entries, in step mode (``set_recurrent_mode(False)``)
+            and TorchRL's random interaction mode, as TorchRL's ``Collector`` calls it.
 
     Returns:
         A function ``step(data) -> data``: ``data`` a ``dict`` from keys (strings or tuples, as
