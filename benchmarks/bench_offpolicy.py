@@ -101,11 +101,12 @@ def speed(args) -> dict[int, float]:
         recurrent_dqn.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
         losses[name] = recurrent_dqn.make_loss(cfg, qnet, rnn)[0]
     optim = torch.optim.Adam(qnet.parameters(), lr=1e-4)
+    training = {name: recurrent_dqn.batches(cfg, buffers[name]) for name, cfg in variants.items()}
 
     def steps(name: str, count: int) -> float:
         start = time.perf_counter()
         for _ in range(count):
-            out = losses[name](recurrent_dqn.sample(variants[name], buffers[name]))
+            out = losses[name](next(training[name]))
             optim.zero_grad()
             out["loss"].backward()
             optim.step()

@@ -6,7 +6,7 @@ epsilon-greedy (env i explores with eps_base ** (1 + eps_alpha * i / (num_envs -
 Ape-X and R2D2 do) and a replay ratio. `--replay` chooses how training sequences come
 from replay, everything else equal:
 
-    python examples/recurrent_dqn.py                        # streams: [B, T] stream chunks, carried state
+    python examples/recurrent_dqn.py                        # streams: stream chunks, carried state
     python examples/recurrent_dqn.py --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
     python examples/recurrent_dqn.py --replay slice         # TorchRL's SliceSampler, stored state
     python examples/recurrent_dqn.py --replay slice --initial-state zero   # the zero-state baseline
@@ -24,8 +24,10 @@ Pipeline per iteration:
      or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
      SliceSampler(T);
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
-     targets are right at every boundary; `streams` carries each network's state from a
-     chunk to the next, the others start each window from the stored (or a zero) state
+     targets are right at every boundary; `streams` keeps P = stream_groups x B streams,
+     draws [P, T] chunks and trains B rows of one at a time, in turn (consecutive gradient
+     steps see different streams), each network carrying its state per stream from a chunk
+     to the next; the others start each window from the stored (or a zero) state
      (`sequence` first unrolls its burn-in steps without gradient) and reset at every
      episode start, the window's first step too.
 Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
@@ -55,6 +57,7 @@ from common.config import RunConfig
 from common.report import finished_returns
 
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
+STREAM = "stream"  # long [B, T]: the stream a row of stream chunks continues
 
 
 @dataclasses.dataclass
@@ -80,6 +83,8 @@ class Config(RunConfig):
     """sequence / slice only: each window starts from the actor's stored memory, or from zeros"""
     batch_rows: int = 16
     """B: sequences per gradient step"""
+    stream_groups: int = 4
+    """streams only: stream_groups x B streams kept, B of them trained per gradient step, in turn"""
     seq_len: int = 20
     """T: steps per sequence that count in the loss"""
     burn_in: int = 10
@@ -116,7 +121,7 @@ class Config(RunConfig):
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""
         self.check_run()
-        ints = {"collect_len": 1, "batch_rows": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
+        ints = {"collect_len": 1, "batch_rows": 1, "stream_groups": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
                 "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0}
         for name, low in ints.items():
             options.integer(name, getattr(self, name), low)
@@ -132,6 +137,8 @@ class Config(RunConfig):
         if self.replay == "streams" and self.initial_state != "stored":
             raise ValueError("--initial-state applies to --replay sequence / slice; stream chunks "
                              "start from the carried state.")
+        if self.replay != "streams" and self.stream_groups != Config.stream_groups:
+            raise ValueError("--stream-groups applies to --replay streams only.")
         if self.replay != "sequence" and self.burn_in != Config.burn_in:
             raise ValueError("--burn-in applies to --replay sequence only.")
         if self.buffer_size < self.frames_per_batch:
@@ -211,13 +218,15 @@ def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorD
 
 
 def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
-    """The recipe's replay buffer; every recipe samples B sequences of `cfg.window` steps."""
+    """The recipe's replay buffer: B sequences of `cfg.window` steps per sample, or [P, T]
+    chunks of the P = stream_groups x B streams."""
     generator = torch.Generator().manual_seed(cfg.seed)
     if cfg.replay == "streams":
-        sampler = StreamChunkSampler(cfg.batch_rows, cfg.seq_len, traj_key=("collector", "traj_ids"),
+        streams = cfg.stream_groups * cfg.batch_rows
+        sampler = StreamChunkSampler(streams, cfg.seq_len, traj_key=("collector", "traj_ids"),
                                      only_complete=False, generator=generator)
         return TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), sampler=sampler,
-                                      batch_size=cfg.batch_rows * cfg.seq_len)
+                                      batch_size=streams * cfg.seq_len)
     storage = LazyTensorStorage(cfg.buffer_size, ndim=2)  # [time, env]: each env's steps in order
     if cfg.replay == "sequence":
         unit = Sequence(length=cfg.seq_len, episode_boundary="include_reset", burn_in=cfg.burn_in)
@@ -245,15 +254,25 @@ def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) ->
     buffer.extend(batch.reshape(-1) if cfg.replay == "streams" else batch)
 
 
+def batches(cfg: Config, buffer: TensorDictReplayBuffer):
+    """Endless training batches [B, L]: a sample of windows each, or each [P, T] chunk of
+    the streams B rows at a time, in turn."""
+    while True:
+        batch = sample(cfg, buffer)
+        yield from (batch.split(cfg.batch_rows, 0) if cfg.replay == "streams" else (batch,))
+
+
 def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
-    """B sequences [B, L] with is_first, and LEARN where they count in the loss (windows).
+    """B sequences [B, L] with is_first, and LEARN where they count in the loss (windows);
+    or a chunk [P, T] of the P streams, with is_first and each row's STREAM id.
 
     The steps past a window's real ones (repeats of the newest record, or of a short
     episode's last step) become one episode of their own, out of the loss, so that the
     last real step bootstraps from its own next observation."""
     batch = buffer.sample()
-    if cfg.replay == "streams":
-        return batch  # [B, T], is_first from the sampler
+    if cfg.replay == "streams":  # [P, T], is_first from the sampler
+        batch[STREAM] = torch.arange(batch.shape[0]).unsqueeze(1).expand(batch.shape)
+        return batch
     batch = batch.reshape(cfg.batch_rows, cfg.window)
     if cfg.replay == "sequence":
         batch = from_first_record(batch)
@@ -295,6 +314,7 @@ def make_loss(cfg: Config, qnet, rnn):
         initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
         mask_key=None if cfg.replay == "streams" else LEARN,
         burn_in=cfg.burn_in if cfg.replay == "sequence" else 0,  # unrolled without gradient (R2D2)
+        stream_key=STREAM if cfg.replay == "streams" else None,  # a carry per stream
     )
     updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
                else SoftUpdate(loss, tau=cfg.tau))
@@ -319,6 +339,7 @@ def main(cfg: Config) -> list[dict]:
     env = envs.make_acting_env(cfg, [rnn], cfg.seed)
     collector = envs.make_collector(cfg, env, policy.to(cfg.device), frames_per_batch, planned_frames)
     buffer = make_buffer(cfg)
+    training = batches(cfg, buffer)
     loss_module, updater = make_loss(cfg, qnet, rnn)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)
     log = report.Report(out_dir, planned_frames=planned_frames, target=cfg.target,
@@ -334,7 +355,7 @@ def main(cfg: Config) -> list[dict]:
         start = time.perf_counter()
         while credit >= 1.0:
             credit -= 1.0
-            out = loss_module(sample(cfg, buffer).to(cfg.device))
+            out = loss_module(next(training).to(cfg.device))
             optim.zero_grad()
             out["loss"].backward()
             nn.utils.clip_grad_norm_(loss_module.parameters(), cfg.max_grad_norm)

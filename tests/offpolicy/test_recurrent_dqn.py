@@ -33,6 +33,8 @@ def test_options_that_do_not_apply_are_refused():
         recurrent_dqn.Config(replay="streams", initial_state="zero")
     with pytest.raises(ValueError, match="--burn-in"):
         recurrent_dqn.Config(replay="slice", burn_in=3)
+    with pytest.raises(ValueError, match="--stream-groups"):
+        recurrent_dqn.Config(replay="sequence", stream_groups=2)
     with pytest.raises(ValueError, match="--buffer-size"):
         recurrent_dqn.Config(buffer_size=1001, num_envs=8)
 
@@ -125,6 +127,22 @@ def test_the_window_first_step_resets_at_an_episode_start(replay, initial_state)
         loss._carries = {"online": carry, "target": carry}
         values.append(loss(recurrent_dqn.sample(cfg, Handed(data)))["loss"])
     torch.testing.assert_close(values[0], values[1])
+
+
+def test_stream_chunks_are_trained_b_rows_at_a_time_in_turn_with_their_stream_ids():
+    cfg = recurrent_dqn.Config(batch_rows=2, stream_groups=3, seq_len=4, num_envs=2)
+    chunks = [raw_sample("streams", 6, 4, 0, torch.Generator().manual_seed(k)) for k in range(2)]
+    handed = Handed(chunks[0])
+    training = recurrent_dqn.batches(cfg, handed)
+    for chunk in chunks:
+        handed.batch = chunk
+        for group in range(3):
+            batch = next(training)
+            assert batch.shape == (2, 4)
+            assert torch.equal(batch["stream"], torch.tensor([[2 * group] * 4, [2 * group + 1] * 4]))
+            assert torch.equal(batch["observation"], chunk["observation"][2 * group: 2 * group + 2])
+    loss, _ = recurrent_dqn.make_loss(cfg, *recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))[:2])
+    assert loss.stream_key == "stream"
 
 
 def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():

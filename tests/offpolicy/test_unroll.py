@@ -184,6 +184,54 @@ def test_loss_refuses_a_carry_of_other_rows_and_reset_carry_clears_it():
     torch.testing.assert_close(fresh._carries["target"][0], loss._carries["target"][0])
 
 
+def test_stream_ids_keep_one_carry_per_stream_whatever_rows_a_batch_holds():
+    """Three streams trained two chunks long, each chunk in row groups of any order, give
+    each stream the carry (and each group the loss) of the rows trained all together."""
+    net, rnn = q_network()
+    whole = dqn_loss(net, rnn, gamma=0.5, n_steps=2)
+    by_stream = dqn_loss(net, rnn, gamma=0.5, n_steps=2, stream_key="stream")
+    by_stream.load_state_dict(whole.state_dict())  # the same target network
+    td = make_chunk()
+    td["stream"] = torch.arange(3).unsqueeze(1).expand(3, 9)
+    first, second = td[:, :5], td[:, 5:]
+    whole(first)
+    after_first = {name: carry[0].clone() for name, carry in whole._carries.items()}
+    whole(second)
+    by_stream(first[torch.tensor([2, 0])])  # stream 1 not yet seen: it starts from zeros
+    by_stream(first[torch.tensor([1])])
+    rows = torch.tensor([1, 2])
+    out = by_stream(second[rows])
+    reference_loss = dqn_loss(net, rnn, gamma=0.5, n_steps=2)
+    reference_loss.load_state_dict(whole.state_dict())
+    reference_loss._carries = {name: (carry[rows],) for name, carry in after_first.items()}
+    torch.testing.assert_close(out["loss"], reference_loss(second[rows])["loss"])
+    by_stream(second[torch.tensor([0])])
+    for name in ("online", "target"):
+        torch.testing.assert_close(by_stream._carries[name][0], whole._carries[name][0])
+    with pytest.raises(ValueError, match="3 rows"):
+        by_stream.reset_carry(torch.tensor([True, False]))
+    by_stream.reset_carry(torch.tensor([False, True, False]))
+    assert not by_stream._carries["online"][0][1].any() and by_stream._carries["online"][0][0].any()
+
+
+@pytest.mark.parametrize("ids, error, match", [
+    (None, ValueError, "not in the batch"),
+    (torch.tensor([[0] * 9, [0] * 9, [1] * 9]), ValueError, "differ between rows"),
+    (torch.tensor([[0] * 8 + [1], [1] * 9, [2] * 9]), ValueError, "the same along each row"),
+    (torch.tensor([[-1] * 9, [1] * 9, [2] * 9]), ValueError, ">= 0"),
+    (torch.zeros(3, 9), TypeError, "integers"),
+])
+def test_bad_stream_ids_are_refused(ids, error, match):
+    loss = dqn_loss(*q_network(), stream_key="stream")
+    td = make_chunk()
+    if ids is not None:
+        td["stream"] = ids
+    with pytest.raises(error, match=match):
+        loss(td)
+    with pytest.raises(ValueError, match="initial_state='carry' only"):
+        dqn_loss(*q_network(), stream_key="stream", initial_state="stored")
+
+
 def test_stored_and_zero_initial_states():
     net, rnn = q_network()
     td = make_chunk()

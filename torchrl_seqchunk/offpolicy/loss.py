@@ -6,7 +6,8 @@ yields the values at every step and at every step's next observation under the r
 memory; :func:`~torchrl_seqchunk.boundary_nstep_targets` sums them into targets. The
 loss holds the carried state of each network itself (``initial_state="carry"``), so
 what a stream carries to its next chunk is the state of the pass over that stream,
-whatever else the loss runs.
+whatever else the loss runs; with ``stream_key`` it keeps one carry per stream id, so
+that a batch may hold any of the streams (e.g. ``P`` streams trained ``B`` rows at a time).
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class RecurrentDQNLoss(LossModule):
     * ``"carry"``: from the state each network (online and target, each its own)
       reached at the end of the previous batch's same row, detached (stream chunks
       from :class:`~torchrl_seqchunk.StreamChunkSampler`; truncated BPTT, no burn-in);
+      with ``stream_key``, at the end of the last batch that held the row's stream
+      (zeros for a stream never seen);
     * ``"stored"``: from the memory the actor stored at the row's first step,
       ``tensordict[rnn.state_keys][:, 0]`` (R2D2's stored state, for replay windows);
     * ``"zero"``: from zeros.
@@ -72,6 +75,14 @@ class RecurrentDQNLoss(LossModule):
             count in the loss (e.g. a window's learning region); the others only unroll.
         burn_in (int): steps at the start of every row unrolled without gradient, out of
             the loss and of the targets, ``>= 0`` and below the batch's T. Default ``0``.
+        stream_key (NestedKey, optional): ``initial_state="carry"`` only: integer ``[B, T]``
+            (or ``[B]``), the stream each row continues, the same at every step, ``>= 0``,
+            no two rows alike. The carry is then kept per stream id, so a batch may hold any
+            subset of the streams in any order: e.g. a ``[P, T]`` chunk of
+            ``StreamChunkSampler(P, T)`` trained ``B`` rows per gradient step, in turn,
+            so that consecutive steps see different streams (each stream's carry is then
+            ``P / B`` updates old). ``None``: row ``b`` continues row ``b`` of the
+            previous batch. Default ``None``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
@@ -83,8 +94,9 @@ class RecurrentDQNLoss(LossModule):
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
             state whose rows differ from the batch (call :meth:`reset_carry` when the
-            number of streams changes), a batch of at most ``burn_in`` steps, or the
-            errors of ``unroll_with_next``.
+            number of streams changes; not with ``stream_key``), stream ids missing,
+            negative, repeated or changing along a row, a batch of at most ``burn_in``
+            steps, or the errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
@@ -132,6 +144,7 @@ class RecurrentDQNLoss(LossModule):
         action_space: str = "one_hot",
         mask_key: NestedKey | None = None,
         burn_in: int = 0,
+        stream_key: NestedKey | None = None,
         action_key: NestedKey = "action",
         action_value_key: NestedKey = "action_value",
         reward_key: NestedKey = ("next", "reward"),
@@ -158,7 +171,9 @@ class RecurrentDQNLoss(LossModule):
             )
         self.double_dqn, self.delay_value = bool(double_dqn), bool(delay_value)
         self.initial_state, self.loss_function, self.action_space = initial_state, loss_function, action_space
-        self.mask_key = mask_key
+        if stream_key is not None and initial_state != "carry":
+            raise ValueError(f"stream_key applies to initial_state='carry' only, got initial_state={initial_state!r}.")
+        self.mask_key, self.stream_key = mask_key, stream_key
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
         self.rnn = [rnn]  # a list: not a second registration of the network's submodule
@@ -167,12 +182,16 @@ class RecurrentDQNLoss(LossModule):
 
     # -- carry ---------------------------------------------------------------
     def reset_carry(self, mask: torch.Tensor | None = None) -> None:
-        """Forget the carried states of both networks: all rows, or rows where ``mask`` ``[B]``."""
+        """Forget the carried states of both networks: all rows, or rows where ``mask`` ``[B]``
+        (with ``stream_key``: the streams where ``mask``, indexed by stream id)."""
         for name, carry in self._carries.items():
             if carry is None or mask is None:
                 self._carries[name] = None
                 continue
             keep = ~mask.reshape(-1).bool()
+            if keep.numel() != carry[0].shape[0]:
+                raise ValueError(f"mask has {keep.numel()} entries, the carry {carry[0].shape[0]} rows "
+                                 f"({'streams, by id' if self.stream_key is not None else 'the batch rows'}).")
             self._carries[name] = tuple(
                 h * keep.view(-1, *[1] * (h.dim() - 1)).to(h) for h in carry
             )
@@ -196,12 +215,52 @@ class RecurrentDQNLoss(LossModule):
                 )
             return tuple(tensordict.get(k)[:, 0] for k in self.rnn[0].state_keys)
         carry = self._carries[name]
+        streams = self._streams(tensordict)
+        if streams is not None:
+            if carry is None:
+                return None
+            known = (streams < carry[0].shape[0]).view(-1, *[1] * (carry[0].dim() - 1))
+            return tuple(torch.where(known, h[streams.clamp(max=h.shape[0] - 1)], 0.0) for h in carry)
         if carry is not None and carry[0].shape[0] != tensordict.shape[0]:
             raise ValueError(
                 f"the carried state holds {carry[0].shape[0]} rows but the batch has "
                 f"{tensordict.shape[0]}; call reset_carry() when the number of streams changes."
             )
         return carry
+
+    def _streams(self, tensordict: TensorDictBase) -> torch.Tensor | None:
+        """The stream id of every row, long ``[B]``; ``None`` without ``stream_key``."""
+        if self.stream_key is None:
+            return None
+        ids = tensordict.get(self.stream_key, None)
+        if ids is None:
+            raise ValueError(f"stream_key={self.stream_key!r} is not in the batch: write each row's stream id "
+                             "there (e.g. torch.arange(P) for the rows of a [P, T] chunk), or pass stream_key=None.")
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise TypeError(f"the stream ids at {self.stream_key!r} must be integers, got {ids.dtype}.")
+        rows = ids.reshape(tensordict.shape[0], -1).long()
+        streams = rows[:, 0]
+        changes = bool((rows != streams.unsqueeze(1)).any())
+        if changes or bool((streams < 0).any()) or streams.unique().numel() != streams.numel():
+            raise ValueError(f"the stream ids at {self.stream_key!r} must be >= 0, the same along each row "
+                             f"and differ between rows (one carry per stream), got {streams.tolist()}.")
+        return streams
+
+    def _keep(self, name: str, final: tuple, streams: torch.Tensor | None) -> None:
+        """Stores the carry of ``name``: the rows' final states, in the table of streams with ids."""
+        if streams is None:
+            self._carries[name] = final
+            return
+        table = self._carries[name]
+        size = max(int(streams.max()) + 1, 0 if table is None else table[0].shape[0])
+        grown = []
+        for i, h in enumerate(final):
+            new = h.new_zeros(size, *h.shape[1:])
+            if table is not None:
+                new[: table[i].shape[0]] = table[i]
+            new[streams] = h
+            grown.append(new)
+        self._carries[name] = tuple(grown)
 
     # -- loss ----------------------------------------------------------------
     def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None):
@@ -219,7 +278,7 @@ class RecurrentDQNLoss(LossModule):
                 done_key=self.keys["done"],
             )
         if self.initial_state == "carry":
-            self._carries[name] = tuple(h.detach() for h in out.final_state)
+            self._keep(name, tuple(h.detach() for h in out.final_state), self._streams(tensordict))
         return out._replace(recurrent_steps=out.recurrent_steps + burnt)
 
     def _split(self, tensordict: TensorDictBase):
