@@ -8,7 +8,9 @@ network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay`` 
 - ``streams``: ``StreamChunkSampler(B, T)``, each network carrying its state per stream;
 - ``sequence``: TorchRL's ``Sequence(T, "include_reset", burn_in=K)`` from the stored state;
 - ``slice``: TorchRL's ``SliceSampler(slice_len=T)`` from the stored state;
-- ``slice-zero``: the same from a zero state.
+- ``slice-zero``: the same from a zero state;
+- ``streams-4groups``: ``streams`` with ``--stream-groups 4`` (``4 B`` streams trained ``B``
+  rows per gradient step, in turn), an ablation.
 
 Per run: frames until the mean return of the last 20 episodes first reaches
 ``--threshold`` (the frame budget if never), MMER (POPGym's max over the run of the mean
@@ -54,8 +56,10 @@ from toolkit import options  # benchmarks/toolkit.py: puts examples/ on the path
 
 import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
 
-RECIPES = {"streams": ("streams", "stored"), "sequence": ("sequence", "stored"),
-           "slice": ("slice", "stored"), "slice-zero": ("slice", "zero")}
+RECIPES = {  # name: the example's options
+    "streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
+    "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
+}
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
     "cartpole": ("CartPole-v1", 450.0),
     "repeat_first": ("popgym:popgym-RepeatFirstEasy-v0", 0.5),
@@ -65,10 +69,9 @@ TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie i
 
 
 def run(task: str, recipe: str, seed: int, args) -> list[dict]:
-    replay, initial_state = RECIPES[recipe]
     with tempfile.TemporaryDirectory() as runs:
-        cfg = recurrent_dqn.Config(env=TASKS[task][0], replay=replay, initial_state=initial_state, seed=seed,
-                                   total_frames=args.frames, runs_dir=runs, name="cell", progress=False)
+        cfg = recurrent_dqn.Config(env=TASKS[task][0], seed=seed, total_frames=args.frames, runs_dir=runs,
+                                   name="cell", progress=False, **RECIPES[recipe])
         return recurrent_dqn.main(cfg)
 
 
@@ -219,7 +222,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, streams first, from {tuple(RECIPES)}")
+    parser.add_argument("--recipes", default="streams,sequence,slice,slice-zero", help=f"comma-separated, streams first, from {tuple(RECIPES)}")
     parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
     parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")

@@ -6,7 +6,8 @@ epsilon-greedy (env i explores with eps_base ** (1 + eps_alpha * i / (num_envs -
 Ape-X and R2D2 do) and a replay ratio. `--replay` chooses how training sequences come
 from replay, everything else equal:
 
-    python examples/recurrent_dqn.py                        # streams: stream chunks, carried state
+    python examples/recurrent_dqn.py                        # streams: [B, T] stream chunks, carried state
+    python examples/recurrent_dqn.py --stream-groups 4      # 4 B streams, trained B rows at a time in turn
     python examples/recurrent_dqn.py --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
     python examples/recurrent_dqn.py --replay slice         # TorchRL's SliceSampler, stored state
     python examples/recurrent_dqn.py --replay slice --initial-state zero   # the zero-state baseline
@@ -24,10 +25,10 @@ Pipeline per iteration:
      or a [time, env] storage for TorchRL's Sequence(T + burn-in, "include_reset") and
      SliceSampler(T);
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
-     targets are right at every boundary; `streams` keeps P = stream_groups x B streams,
-     draws [P, T] chunks and trains B rows of one at a time, in turn (consecutive gradient
-     steps see different streams), each network carrying its state per stream from a chunk
-     to the next; the others start each window from the stored (or a zero) state
+     targets are right at every boundary; `streams` carries each network's state per
+     stream from a chunk to the next (with --stream-groups K > 1 it keeps K x B streams,
+     draws [K B, T] chunks and trains B rows of one at a time, in turn); the others start
+     each window from the stored (or a zero) state
      (`sequence` first unrolls its burn-in steps without gradient) and reset at every
      episode start, the window's first step too.
 Writes runs/<name>/metrics.csv and runs/<name>/learning_curve.png.
@@ -83,7 +84,7 @@ class Config(RunConfig):
     """sequence / slice only: each window starts from the actor's stored memory, or from zeros"""
     batch_rows: int = 16
     """B: sequences per gradient step"""
-    stream_groups: int = 4
+    stream_groups: int = 1
     """streams only: stream_groups x B streams kept, B of them trained per gradient step, in turn"""
     seq_len: int = 20
     """T: steps per sequence that count in the loss"""
@@ -314,7 +315,8 @@ def make_loss(cfg: Config, qnet, rnn):
         initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
         mask_key=None if cfg.replay == "streams" else LEARN,
         burn_in=cfg.burn_in if cfg.replay == "sequence" else 0,  # unrolled without gradient (R2D2)
-        stream_key=STREAM if cfg.replay == "streams" else None,  # a carry per stream
+        # a carry per stream; with one group, row b is stream b (no ids needed)
+        stream_key=STREAM if cfg.replay == "streams" and cfg.stream_groups > 1 else None,
     )
     updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
                else SoftUpdate(loss, tau=cfg.tau))
