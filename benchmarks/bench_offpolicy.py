@@ -1,9 +1,9 @@
 """Recurrent off-policy recipes side by side: stream chunks against TorchRL's own sequence replay.
 
 Every run is ``examples/recurrent_dqn.py`` (double DQN, 3-step targets, a target
-network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay`` and
-``--initial-state`` changed, so the recipes see equal env frames and equal gradient steps
-(the same replay ratio of ``B * T`` learned steps per frame):
+network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay``,
+``--initial-state`` and ``--stream-groups`` changed, so the recipes see equal env frames and
+equal gradient steps (the same replay ratio of ``B * T`` learned steps per frame):
 
 - ``streams``: ``StreamChunkSampler(B, T)``, each network carrying its state per stream;
 - ``sequence``: TorchRL's ``Sequence(T, "include_reset", burn_in=K)`` from the stored state;
@@ -16,9 +16,10 @@ Per run: frames until the mean return of the last 20 episodes first reaches
 ``--threshold`` (the frame budget if never), MMER (POPGym's max over the run of the mean
 episode return), the final mean return, gradient steps per second of learning time and
 recurrent steps computed per gradient step (a burn-in is paid in forward passes). Runs
-with the same seed share env draws and initial weights, so each TorchRL recipe is
-compared with ``streams`` pair by pair: mean paired difference, 95% bootstrap interval,
-exact sign-flip p-value (``bench_boundary.paired_stats``).
+with the same seed share env draws and initial weights, so each other recipe (TorchRL's,
+or the ``streams-4groups`` ablation) is compared with ``streams`` pair by pair: mean
+paired difference, 95% bootstrap interval, exact sign-flip p-value
+(``bench_boundary.paired_stats``).
 
 Before the grid (unless ``--no-speed``; alone with ``--speed-only``) it times gradient
 steps per second of ``streams`` against ``sequence`` at equal ``B, T`` (burn-in 0 and

@@ -116,7 +116,8 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         self.check()
         if not self.name:
-            start = "carry" if self.replay == "streams" else self.initial_state
+            start = self.initial_state if self.replay != "streams" else (
+                f"carry_{self.stream_groups}groups" if self.stream_groups > 1 else "carry")
             self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}_seed{self.seed}"
 
     def check(self) -> None:

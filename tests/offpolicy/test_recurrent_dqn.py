@@ -143,6 +143,7 @@ def test_stream_chunks_are_trained_b_rows_at_a_time_in_turn_with_their_stream_id
             assert torch.equal(batch["observation"], chunk["observation"][2 * group: 2 * group + 2])
     loss, _ = recurrent_dqn.make_loss(cfg, *recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))[:2])
     assert loss.stream_key == "stream"
+    assert cfg.name.endswith("_dqn_streams_carry_3groups_seed0")  # not the one-group run's folder
 
 
 def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():

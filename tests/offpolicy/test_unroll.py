@@ -184,7 +184,8 @@ def test_loss_refuses_a_carry_of_other_rows_and_reset_carry_clears_it():
     torch.testing.assert_close(fresh._carries["target"][0], loss._carries["target"][0])
 
 
-def test_stream_ids_keep_one_carry_per_stream_whatever_rows_a_batch_holds():
+@pytest.mark.parametrize("layout", [(3, 9), (3, 9, 1)])
+def test_stream_ids_keep_one_carry_per_stream_whatever_rows_a_batch_holds(layout):
     """Three streams trained two chunks long, each chunk in row groups of any order, give
     each stream the carry (and each group the loss) of the rows trained all together."""
     net, rnn = q_network()
@@ -192,7 +193,7 @@ def test_stream_ids_keep_one_carry_per_stream_whatever_rows_a_batch_holds():
     by_stream = dqn_loss(net, rnn, gamma=0.5, n_steps=2, stream_key="stream")
     by_stream.load_state_dict(whole.state_dict())  # the same target network
     td = make_chunk()
-    td["stream"] = torch.arange(3).unsqueeze(1).expand(3, 9)
+    td["stream"] = torch.arange(3, dtype=torch.int32).view(3, 1, 1).expand(3, 9, 1).reshape(layout)
     first, second = td[:, :5], td[:, 5:]
     whole(first)
     after_first = {name: carry[0].clone() for name, carry in whole._carries.items()}
@@ -208,17 +209,21 @@ def test_stream_ids_keep_one_carry_per_stream_whatever_rows_a_batch_holds():
     by_stream(second[torch.tensor([0])])
     for name in ("online", "target"):
         torch.testing.assert_close(by_stream._carries[name][0], whole._carries[name][0])
-    with pytest.raises(ValueError, match="3 rows"):
-        by_stream.reset_carry(torch.tensor([True, False]))
-    by_stream.reset_carry(torch.tensor([False, True, False]))
-    assert not by_stream._carries["online"][0][1].any() and by_stream._carries["online"][0][0].any()
+    by_stream.reset_carry(torch.tensor([False, True]))  # a mask over streams 0 and 1: stream 2 keeps its carry
+    carry = by_stream._carries["online"][0]
+    assert not carry[1].any() and carry[0].any() and carry[2].any()
+    by_stream.reset_carry(torch.tensor([True, False, False, True]))  # stream 3 was never seen
+    assert by_stream._carries["online"][0].shape[0] == 3 and not by_stream._carries["online"][0][0].any()
+    with pytest.raises(ValueError, match="one per batch row"):
+        whole.reset_carry(torch.tensor([True, False]))
 
 
 @pytest.mark.parametrize("ids, error, match", [
     (None, ValueError, "not in the batch"),
     (torch.tensor([[0] * 9, [0] * 9, [1] * 9]), ValueError, "differ between rows"),
     (torch.tensor([[0] * 8 + [1], [1] * 9, [2] * 9]), ValueError, "the same along each row"),
-    (torch.tensor([[-1] * 9, [1] * 9, [2] * 9]), ValueError, ">= 0"),
+    (torch.tensor([[-1] * 9, [1] * 9, [2] * 9]), ValueError, r"\[0, 2\*\*20\)"),
+    (torch.tensor([[2 ** 20] * 9, [1] * 9, [2] * 9]), ValueError, r"number the streams 0..P-1"),
     (torch.zeros(3, 9), TypeError, "integers"),
 ])
 def test_bad_stream_ids_are_refused(ids, error, match):
@@ -230,6 +235,9 @@ def test_bad_stream_ids_are_refused(ids, error, match):
         loss(td)
     with pytest.raises(ValueError, match="initial_state='carry' only"):
         dqn_loss(*q_network(), stream_key="stream", initial_state="stored")
+    for bad in (5, ("meta", 5), ()):
+        with pytest.raises(TypeError, match="stream_key must be a key"):
+            dqn_loss(*q_network(), stream_key=bad)
 
 
 def test_stored_and_zero_initial_states():

@@ -12,7 +12,7 @@ that a batch may hold any of the streams (e.g. ``P`` streams trained ``B`` rows 
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase, TensorDictParams
 from tensordict.utils import NestedKey
 from torchrl.objectives import LossModule
@@ -26,6 +26,12 @@ from .unroll import unroll_with_next
 __all__ = ["RecurrentDQNLoss"]
 
 _INITIAL_STATES = ("carry", "stored", "zero")
+_MAX_STREAMS = 2**20  # stream ids index a dense table of carries
+
+
+def _is_key(key) -> bool:
+    """A TensorDict key: a str, or a non-empty tuple of keys."""
+    return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(map(_is_key, key)))
 
 
 class RecurrentDQNLoss(LossModule):
@@ -76,9 +82,11 @@ class RecurrentDQNLoss(LossModule):
         burn_in (int): steps at the start of every row unrolled without gradient, out of
             the loss and of the targets, ``>= 0`` and below the batch's T. Default ``0``.
         stream_key (NestedKey, optional): ``initial_state="carry"`` only: integer ``[B, T]``
-            (or ``[B]``), the stream each row continues, the same at every step, ``>= 0``,
-            no two rows alike. The carry is then kept per stream id, so a batch may hold any
-            subset of the streams in any order: e.g. a ``[P, T]`` chunk of
+            (or ``[B, T, 1]``), the stream each row continues, the same at every step, in
+            ``[0, 2**20)``, no two rows alike. The carry is then kept per stream id, in a
+            table of ``max id + 1`` rows (so number the streams ``0..P-1``, e.g. by their row
+            in the sampler's chunk, not by trajectory ids); a batch may hold any subset of
+            the streams in any order: e.g. a ``[P, T]`` chunk of
             ``StreamChunkSampler(P, T)`` trained ``B`` rows per gradient step, in turn,
             so that consecutive steps see different streams (each stream's carry is then
             ``P / B`` updates old). ``None``: row ``b`` continues row ``b`` of the
@@ -94,8 +102,8 @@ class RecurrentDQNLoss(LossModule):
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
             state whose rows differ from the batch (call :meth:`reset_carry` when the
-            number of streams changes; not with ``stream_key``), stream ids missing,
-            negative, repeated or changing along a row, a batch of at most ``burn_in``
+            number of streams changes; not with ``stream_key``), stream ids missing, not
+            integers (TypeError), out of range, repeated or changing along a row, a batch of at most ``burn_in``
             steps, or the errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
@@ -171,8 +179,12 @@ class RecurrentDQNLoss(LossModule):
             )
         self.double_dqn, self.delay_value = bool(double_dqn), bool(delay_value)
         self.initial_state, self.loss_function, self.action_space = initial_state, loss_function, action_space
-        if stream_key is not None and initial_state != "carry":
-            raise ValueError(f"stream_key applies to initial_state='carry' only, got initial_state={initial_state!r}.")
+        if stream_key is not None:
+            if initial_state != "carry":
+                raise ValueError(f"stream_key applies to initial_state='carry' only, got initial_state={initial_state!r}.")
+            if not _is_key(stream_key):
+                raise TypeError(f"stream_key must be a key (a str or a tuple of str), got {stream_key!r}.")
+            stream_key = unravel_key(stream_key)
         self.mask_key, self.stream_key = mask_key, stream_key
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
@@ -182,16 +194,21 @@ class RecurrentDQNLoss(LossModule):
 
     # -- carry ---------------------------------------------------------------
     def reset_carry(self, mask: torch.Tensor | None = None) -> None:
-        """Forget the carried states of both networks: all rows, or rows where ``mask`` ``[B]``
-        (with ``stream_key``: the streams where ``mask``, indexed by stream id)."""
+        """Forget the carried states of both networks: all rows, or rows where ``mask`` (bool
+        ``[B]``; with ``stream_key``, bool ``[S]`` over the stream ids ``0..S-1``, any ``S``:
+        a stream past it keeps its carry, one not yet seen has none to forget).
+
+        Raises:
+            ValueError: without ``stream_key``, a mask of other than ``B`` entries."""
         for name, carry in self._carries.items():
             if carry is None or mask is None:
                 self._carries[name] = None
                 continue
-            keep = ~mask.reshape(-1).bool()
-            if keep.numel() != carry[0].shape[0]:
-                raise ValueError(f"mask has {keep.numel()} entries, the carry {carry[0].shape[0]} rows "
-                                 f"({'streams, by id' if self.stream_key is not None else 'the batch rows'}).")
+            keep, rows = ~mask.reshape(-1).bool(), carry[0].shape[0]
+            if self.stream_key is not None:  # the table holds the ids seen so far; past them, nothing to forget
+                keep = torch.cat([keep[:rows], keep.new_ones(max(rows - keep.numel(), 0))])
+            elif keep.numel() != rows:
+                raise ValueError(f"mask has {keep.numel()} entries, the carry {rows} rows (one per batch row).")
             self._carries[name] = tuple(
                 h * keep.view(-1, *[1] * (h.dim() - 1)).to(h) for h in carry
             )
@@ -241,9 +258,11 @@ class RecurrentDQNLoss(LossModule):
         rows = ids.reshape(tensordict.shape[0], -1).long()
         streams = rows[:, 0]
         changes = bool((rows != streams.unsqueeze(1)).any())
-        if changes or bool((streams < 0).any()) or streams.unique().numel() != streams.numel():
-            raise ValueError(f"the stream ids at {self.stream_key!r} must be >= 0, the same along each row "
-                             f"and differ between rows (one carry per stream), got {streams.tolist()}.")
+        outside = bool((streams < 0).any()) or bool((streams >= _MAX_STREAMS).any())
+        if changes or outside or streams.unique().numel() != streams.numel():
+            raise ValueError(f"the stream ids at {self.stream_key!r} must be in [0, 2**20) (they index a table of "
+                             "carries: number the streams 0..P-1), the same along each row and differ between "
+                             f"rows (one carry per stream), got {streams.tolist()}.")
         return streams
 
     def _keep(self, name: str, final: tuple, streams: torch.Tensor | None) -> None:
