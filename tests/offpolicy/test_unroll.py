@@ -129,6 +129,13 @@ def test_rnn_without_reset_state_key_is_refused():
         RecurrentDQNLoss(rnn, rnn)
 
 
+@pytest.mark.parametrize("rows, steps", [(0, 9), (3, 0)])
+def test_an_empty_chunk_is_refused(rows, steps):
+    net, rnn = q_network()
+    with pytest.raises(ValueError, match=r"B, T >= 1"):
+        unroll_with_next(net, rnn, make_chunk()[:rows, :steps])
+
+
 def test_loss_carries_each_networks_own_state_and_computes_the_reference_loss():
     net, rnn = q_network()
     loss = dqn_loss(net, rnn, gamma=0.5, n_steps=2, loss_function="l2")

@@ -146,9 +146,9 @@ def unroll_with_next(
             "rnn needs a reset_state_key: build it as ResetRNN(..., reset_state_key=...) "
             "(unroll_with_next starts every row from its state through it)."
         )
-    if tensordict.batch_dims != 2 or tensordict.batch_size[-1] == 0:
+    if tensordict.batch_dims != 2 or 0 in tensordict.batch_size:
         raise ValueError(
-            f"tensordict must have batch_size [B, T] with T >= 1, got {list(tensordict.shape)}."
+            f"tensordict must have batch_size [B, T] with B, T >= 1, got {list(tensordict.shape)}."
         )
     own = {rnn.is_first_key, rnn.init_key, *rnn.state_keys, *rnn.reset_state_keys}
     if observation_keys is None:
