@@ -189,10 +189,19 @@ def mmer_ratio_line(name: str, ours: float, theirs: float) -> str:
     returns lie in [-1, 1], and a quotient of negative returns reads backwards) but the difference."""
     if ours > 0 and theirs > 0:
         return f"RATIO {name} {ours / theirs:.3f}"
-    return f"{name}: no ratio (a median MMER <= 0: {ours:.3f}, {theirs:.3f}); streams - recipe {ours - theirs:+.3f}"
+    return (f"{name}: no ratio (a median MMER <= 0: {ours:.3f}, {theirs:.3f}); difference of medians, "
+            f"streams - recipe {ours - theirs:+.3f}")
 
 
-def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[int]) -> list[str]:
+def frames_ratio_line(name: str, theirs: float, ours: float, cap: int) -> str:
+    """``RATIO name theirs/ours`` of median frames to the threshold, unless neither median
+    reaches it (both are then the frame budget, ``cap``, and the ratio would read as a tie)."""
+    if theirs >= cap and ours >= cap:
+        return f"{name}: no ratio (neither median reaches the threshold within {cap} frames)"
+    return f"RATIO {name} {theirs / ours:.3f}"
+
+
+def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[int], cap: int) -> list[str]:
     """The paired table (markdown lines) and the RATIO lines of the learning grid."""
     rng = np.random.default_rng(0)
     lines = ["| task | recipe | median MMER | median frames to threshold | median final return "
@@ -211,9 +220,10 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
                 theirs = statistics.median(r["mmer"] for r in runs)
                 print(mmer_ratio_line(f"mmer_streams_vs_{recipe}_{task}", ours, theirs))
                 frames_ours = statistics.median(summaries[(task, "streams", s)]["frames_to_threshold"] for s in seeds)
-                print(f"RATIO frames_to_threshold_{recipe}_vs_streams_{task} "
-                      f"{med['frames_to_threshold'] / frames_ours:.3f}")
-            lines.append(f"| {task} | {recipe} | {med['mmer']:.2f} | {med['frames_to_threshold']:.0f} | "
+                print(frames_ratio_line(f"frames_to_threshold_{recipe}_vs_streams_{task}",
+                                        med["frames_to_threshold"], frames_ours, cap))
+            frames = "never" if med["frames_to_threshold"] >= cap else f"{med['frames_to_threshold']:.0f}"
+            lines.append(f"| {task} | {recipe} | {med['mmer']:.2f} | {frames} | "
                          f"{med['final_return']:.2f} | {med['grad_steps_per_s']:.1f} | "
                          f"{med['recurrent_steps_per_grad_step']:.0f} | {cell} |")
     return lines
@@ -267,7 +277,8 @@ def main() -> None:
         writer = csv.writer(f)
         writer.writerow([*key, *next(iter(summaries.values()))])
         writer.writerows([*k, *(f"{v:.4g}" for v in s.values())] for k, s in summaries.items())
-    lines = [f"{args.frames} frames per run, seeds {args.seeds}", "", *compare(summaries, tasks, recipes, seeds)]
+    lines = [f"{args.frames} frames per run, seeds {args.seeds}", "",
+             *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(curves, tasks, recipes, out / "offpolicy.png")

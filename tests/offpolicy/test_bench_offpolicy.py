@@ -33,7 +33,14 @@ def test_mmer_ratio_only_between_positive_medians():
     assert bench_offpolicy.mmer_ratio_line("m", 0.9, 0.6) == "RATIO m 1.500"
     # POPGym returns below zero: -0.6 is ahead of -0.75, which a quotient (0.8) would hide
     line = bench_offpolicy.mmer_ratio_line("m", -0.6, -0.75)
-    assert not line.startswith("RATIO") and line.endswith("streams - recipe +0.150")
+    assert not line.startswith("RATIO") and line.endswith("difference of medians, streams - recipe +0.150")
+
+
+def test_frames_ratio_only_where_a_median_reaches_the_threshold():
+    assert bench_offpolicy.frames_ratio_line("f", 500, 1000, 1000) == "RATIO f 0.500"
+    assert bench_offpolicy.frames_ratio_line("f", 1000, 800, 1000) == "RATIO f 1.250"  # a miss is the cap
+    line = bench_offpolicy.frames_ratio_line("f", 1000, 1000, 1000)  # neither reached: not a tie
+    assert not line.startswith("RATIO") and "neither median reaches the threshold" in line
 
 
 def test_options_are_checked_before_anything_runs(tmp_path):
