@@ -61,6 +61,10 @@ LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 STREAM = "stream"  # long [B, T]: the stream a row of stream chunks continues
 
 
+NAMED = ("stream_groups", "batch_rows", "seq_len", "burn_in")
+"""Options that change the recipe's sequences, named in a run's default --name when not at their default."""
+
+
 @dataclasses.dataclass
 class Config(RunConfig):
     """Recurrent double n-step DQN from replay; the run's shared fields come from RunConfig."""
@@ -116,9 +120,12 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         self.check()
         if not self.name:
-            start = self.initial_state if self.replay != "streams" else (
-                f"carry_{self.stream_groups}groups" if self.stream_groups > 1 else "carry")
-            self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}_seed{self.seed}"
+            start = "carry" if self.replay == "streams" else self.initial_state
+            # the recipe's shape, where it differs from the defaults (an ablation gets a folder of its own)
+            shape = "".join(f"_{field.replace('_', '-')}{getattr(self, field)}" for field in NAMED
+                            if getattr(self, field) != getattr(Config, field))
+            self.name = (f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}{shape}"
+                         f"_seed{self.seed}")
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""

@@ -143,7 +143,15 @@ def test_stream_chunks_are_trained_b_rows_at_a_time_in_turn_with_their_stream_id
             assert torch.equal(batch["observation"], chunk["observation"][2 * group: 2 * group + 2])
     loss, _ = recurrent_dqn.make_loss(cfg, *recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))[:2])
     assert loss.stream_key == "stream"
-    assert cfg.name.endswith("_dqn_streams_carry_3groups_seed0")  # not the one-group run's folder
+    assert cfg.name == "CartPole-v1_dqn_streams_carry_stream-groups3_batch-rows2_seq-len4_seed0"
+
+
+def test_runs_of_other_sequence_shapes_get_folders_of_their_own():
+    assert recurrent_dqn.Config().name == "CartPole-v1_dqn_streams_carry_seed0"
+    assert recurrent_dqn.Config(replay="sequence").name == "CartPole-v1_dqn_sequence_stored_seed0"
+    assert (recurrent_dqn.Config(replay="sequence", burn_in=0).name
+            == "CartPole-v1_dqn_sequence_stored_burn-in0_seed0")
+    assert recurrent_dqn.Config(seq_len=30, name="mine").name == "mine"
 
 
 def test_command_line_help_shows_the_recipes_and_the_main_jobs_flags():
