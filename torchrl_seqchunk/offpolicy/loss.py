@@ -219,7 +219,7 @@ class RecurrentDQNLoss(LossModule):
     def set_extra_state(self, state) -> None:
         self._carries = {k: None if v is None else tuple(v) for k, v in state["carries"].items()}
 
-    def _start(self, tensordict: TensorDictBase, name: str):
+    def _start(self, tensordict: TensorDictBase, name: str, streams: torch.Tensor | None = None):
         if self.initial_state == "zero":
             return None
         if self.initial_state == "stored":
@@ -232,7 +232,6 @@ class RecurrentDQNLoss(LossModule):
                 )
             return tuple(tensordict.get(k)[:, 0] for k in self.rnn[0].state_keys)
         carry = self._carries[name]
-        streams = self._streams(tensordict)
         if streams is not None:
             if carry is None:
                 return None
@@ -282,8 +281,9 @@ class RecurrentDQNLoss(LossModule):
         self._carries[name] = tuple(grown)
 
     # -- loss ----------------------------------------------------------------
-    def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None):
-        start = self._start(tensordict if warm is None else warm, name)
+    def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None,
+                streams: torch.Tensor | None):
+        start = self._start(tensordict if warm is None else warm, name, streams)
         burnt = 0
         with params.to_module(self.value_network, preserve_module_state=False):
             if warm is not None:
@@ -297,7 +297,7 @@ class RecurrentDQNLoss(LossModule):
                 done_key=self.keys["done"],
             )
         if self.initial_state == "carry":
-            self._keep(name, tuple(h.detach() for h in out.final_state), self._streams(tensordict))
+            self._keep(name, tuple(h.detach() for h in out.final_state), streams)
         return out._replace(recurrent_steps=out.recurrent_steps + burnt)
 
     def _split(self, tensordict: TensorDictBase):
@@ -326,10 +326,11 @@ class RecurrentDQNLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         warm, tensordict = self._split(tensordict)
-        online = self._unroll(self.value_network_params, tensordict, "online", warm)
+        streams = self._streams(tensordict)  # one read for both networks
+        online = self._unroll(self.value_network_params, tensordict, "online", warm, streams)
         with torch.no_grad():
             if self.delay_value:
-                target = self._unroll(self.target_value_network_params, tensordict, "target", warm)
+                target = self._unroll(self.target_value_network_params, tensordict, "target", warm, streams)
             else:
                 target = online
             target_next = target.next_values.detach()
