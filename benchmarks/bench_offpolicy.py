@@ -2,22 +2,24 @@
 
 Every run is ``examples/recurrent_dqn.py`` (double DQN, 3-step targets, a target
 network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay``,
-``--initial-state`` and ``--stream-groups`` changed, so the recipes see equal env frames and
-equal gradient steps (the same replay ratio of ``B * T`` learned steps per frame):
+``--initial-state``, ``--stream-groups`` and ``--overlap`` changed, so the recipes see equal
+env frames and equal gradient steps (the same replay ratio of ``B * T`` learned steps per frame):
 
 - ``streams``: ``StreamChunkSampler(B, T)``, each network carrying its state per stream;
 - ``sequence``: TorchRL's ``Sequence(T, "include_reset", burn_in=K)`` from the stored state;
 - ``slice``: TorchRL's ``SliceSampler(slice_len=T)`` from the stored state;
 - ``slice-zero``: the same from a zero state;
 - ``streams-4groups``: ``streams`` with ``--stream-groups 4`` (``4 B`` streams trained ``B``
-  rows per gradient step, in turn), an ablation.
+  rows per gradient step, in turn), an ablation;
+- ``streams-overlap10``: ``streams`` with ``--overlap 10`` (each chunk first unrolls, without
+  gradient, the stream's previous 10 steps from the carry taken before them), an ablation.
 
 Per run: frames until the mean return of the last 20 episodes first reaches
 ``--threshold`` (the frame budget if never), MMER (POPGym's max over the run of the mean
 episode return), the final mean return, gradient steps per second of learning time and
 recurrent steps computed per gradient step (a burn-in is paid in forward passes). Runs
 with the same seed share env draws and initial weights, so each other recipe (TorchRL's,
-or the ``streams-4groups`` ablation) is compared with ``streams`` pair by pair: mean
+or an ablation) is compared with ``streams`` pair by pair: mean
 paired difference, 95% bootstrap interval, exact sign-flip p-value
 (``bench_boundary.paired_stats``).
 
@@ -60,6 +62,7 @@ import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
 RECIPES = {  # name: the example's options
     "streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
     "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
+    "streams-overlap10": dict(replay="streams", overlap=10),
 }
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
     "cartpole": ("CartPole-v1", 450.0),

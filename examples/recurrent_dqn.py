@@ -8,6 +8,7 @@ from replay, everything else equal:
 
     python examples/recurrent_dqn.py                        # streams: [B, T] stream chunks, carried state
     python examples/recurrent_dqn.py --stream-groups 4      # 4 B streams, trained B rows at a time in turn
+    python examples/recurrent_dqn.py --overlap 10           # stream chunks overlapping by 10 steps, burnt in
     python examples/recurrent_dqn.py --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
     python examples/recurrent_dqn.py --replay slice         # TorchRL's SliceSampler, stored state
     python examples/recurrent_dqn.py --replay slice --initial-state zero   # the zero-state baseline
@@ -27,7 +28,9 @@ Pipeline per iteration:
   3. `replay_ratio * frames / (B * T)` gradient steps of RecurrentDQNLoss, whose n-step
      targets are right at every boundary; `streams` carries each network's state per
      stream from a chunk to the next (with --stream-groups K > 1 it keeps K x B streams,
-     draws [K B, T] chunks and trains B rows of one at a time, in turn); the others start
+     draws [K B, T] chunks and trains B rows of one at a time, in turn; with --overlap K
+     each chunk first unrolls, without gradient, the last K steps of its stream's previous
+     chunk, from the carry taken before them); the others start
      each window from the stored (or a zero) state
      (`sequence` first unrolls its burn-in steps without gradient) and reset at every
      episode start, the window's first step too.
@@ -61,7 +64,7 @@ LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 STREAM = "stream"  # long [B, T]: the stream a row of stream chunks continues
 
 
-NAMED = ("stream_groups", "batch_rows", "seq_len", "burn_in")
+NAMED = ("stream_groups", "overlap", "batch_rows", "seq_len", "burn_in")
 """Options that change the recipe's sequences, named in a run's default --name when not at their default."""
 
 
@@ -90,6 +93,9 @@ class Config(RunConfig):
     """B: sequences per gradient step"""
     stream_groups: int = 1
     """streams only: stream_groups x B streams kept, B of them trained per gradient step, in turn"""
+    overlap: int = 0
+    """streams only: steps a chunk shares with its stream's previous one, unrolled again without
+    gradient from the carry taken before them (burn-in on stream chunks, a fresher memory); < --seq-len"""
     seq_len: int = 20
     """T: steps per sequence that count in the loss"""
     burn_in: int = 10
@@ -130,8 +136,8 @@ class Config(RunConfig):
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""
         self.check_run()
-        ints = {"collect_len": 1, "batch_rows": 1, "stream_groups": 1, "seq_len": 1, "burn_in": 0, "buffer_size": 1,
-                "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0}
+        ints = {"collect_len": 1, "batch_rows": 1, "stream_groups": 1, "overlap": 0, "seq_len": 1, "burn_in": 0,
+                "buffer_size": 1, "learning_starts": 0, "hidden": 1, "n_steps": 1, "hard_update": 0}
         for name, low in ints.items():
             options.integer(name, getattr(self, name), low)
         options.real("gamma", self.gamma, 0.0, 1.0)
@@ -148,6 +154,11 @@ class Config(RunConfig):
                              "start from the carried state.")
         if self.replay != "streams" and self.stream_groups != Config.stream_groups:
             raise ValueError("--stream-groups applies to --replay streams only.")
+        if self.replay != "streams" and self.overlap != Config.overlap:
+            raise ValueError("--overlap applies to --replay streams only (sequence windows burn in with --burn-in).")
+        if self.overlap >= self.seq_len:
+            raise ValueError(f"--overlap ({self.overlap}) must be below --seq-len ({self.seq_len}): the carry is "
+                             "taken before a chunk's last --overlap steps, after at least one learned step.")
         if self.replay != "sequence" and self.burn_in != Config.burn_in:
             raise ValueError("--burn-in applies to --replay sequence only.")
         if self.buffer_size < self.frames_per_batch:
@@ -180,8 +191,8 @@ class Config(RunConfig):
 
     @property
     def window(self) -> int:
-        """Steps unrolled per sequence: T, plus the burn-in for --replay sequence."""
-        return self.seq_len + (self.burn_in if self.replay == "sequence" else 0)
+        """Steps unrolled per sequence: T, plus the burn-in for --replay sequence (the overlap for streams)."""
+        return self.seq_len + {"sequence": self.burn_in, "streams": self.overlap}.get(self.replay, 0)
 
 
 def discrete_actions(cfg: Config, env):
@@ -265,10 +276,29 @@ def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) ->
 
 def batches(cfg: Config, buffer: TensorDictReplayBuffer):
     """Endless training batches [B, L]: a sample of windows each, or each [P, T] chunk of
-    the streams B rows at a time, in turn."""
+    the streams (after the last --overlap steps of the stream's previous chunk) B rows at a
+    time, in turn."""
+    tail = None
     while True:
         batch = sample(cfg, buffer)
+        if cfg.replay == "streams" and cfg.overlap:
+            batch, tail = overlapped(batch, tail, cfg.overlap)
         yield from (batch.split(cfg.batch_rows, 0) if cfg.replay == "streams" else (batch,))
+
+
+def overlapped(chunk: TensorDictBase, tail: TensorDictBase | None, k: int) -> tuple[TensorDictBase, TensorDictBase]:
+    """A [P, T] chunk after its streams' previous last k steps ([P, k + T]), and its own last k.
+
+    Before a stream's first chunk there is nothing to burn in: k copies of its first step,
+    each an episode of one step, so the chunk's first step starts from zeros (it is an
+    episode start anyway: streams begin with whole episodes)."""
+    if tail is None:
+        tail = chunk[:, :1].expand(chunk.shape[0], k).clone()
+        tail["is_first"] = torch.ones_like(tail["is_first"])
+        for key in ("done", "terminated"):
+            tail["next", key] = torch.ones_like(tail["next", key])
+        tail["next", "truncated"] = torch.zeros_like(tail["next", "truncated"])
+    return torch.cat([tail, chunk], 1), chunk[:, -k:].clone()
 
 
 def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
@@ -322,7 +352,9 @@ def make_loss(cfg: Config, qnet, rnn):
         qnet, rnn, gamma=cfg.gamma, n_steps=cfg.n_steps, double_dqn=cfg.double_dqn,
         initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
         mask_key=None if cfg.replay == "streams" else LEARN,
-        burn_in=cfg.burn_in if cfg.replay == "sequence" else 0,  # unrolled without gradient (R2D2)
+        # unrolled without gradient (R2D2); streams: the overlap with the stream's previous chunk
+        burn_in={"sequence": cfg.burn_in, "streams": cfg.overlap}.get(cfg.replay, 0),
+        overlap=cfg.replay == "streams" and cfg.overlap > 0,
         # a carry per stream; with one group, row b is stream b (no ids needed)
         stream_key=STREAM if cfg.replay == "streams" and cfg.stream_groups > 1 else None,
     )

@@ -16,14 +16,16 @@ TINY = dict(total_frames=256, learning_starts=96, num_envs=2, collect_len=8, bat
             hidden=8, buffer_size=512, replay_ratio=2.0, progress=False)
 
 
-@pytest.mark.parametrize("replay,initial_state", RECIPES)
-def test_tiny_run_of_every_recipe(replay, initial_state, tmp_path):
-    cfg = recurrent_dqn.Config(replay=replay, initial_state=initial_state, runs_dir=str(tmp_path), **TINY)
+@pytest.mark.parametrize("replay,initial_state,overlap", [(*recipe, 0) for recipe in RECIPES] + [("streams", "stored", 2)])
+def test_tiny_run_of_every_recipe(replay, initial_state, overlap, tmp_path):
+    cfg = recurrent_dqn.Config(replay=replay, initial_state=initial_state, overlap=overlap, runs_dir=str(tmp_path),
+                               **TINY)
     rows = recurrent_dqn.main(cfg)
     assert rows[-1]["frames"] == 256 and rows[-1]["grad_steps"] == 44  # ratio 2 x 176 frames from the batch reaching 96, / (2 x 4)
-    window = 4 + (10 if replay == "sequence" else 0)
-    # both networks unroll every row's steps, plus the chunk-end step, at least
-    assert rows[-1]["recurrent_steps_per_grad_step"] >= 2 * 2 * (window + 1)
+    window = 4 + (10 if replay == "sequence" else overlap)
+    # both networks unroll every row's steps, plus the chunk-end step (and, overlapping, the steps
+    # before the overlap again), at least
+    assert rows[-1]["recurrent_steps_per_grad_step"] >= 2 * 2 * (window + 1 + (4 - overlap if overlap else 0))
     out = tmp_path / cfg.name
     assert (out / "metrics.csv").exists() and (out / "learning_curve.png").exists()
 
@@ -144,6 +146,37 @@ def test_stream_chunks_are_trained_b_rows_at_a_time_in_turn_with_their_stream_id
     loss, _ = recurrent_dqn.make_loss(cfg, *recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))[:2])
     assert loss.stream_key == "stream"
     assert cfg.name == "CartPole-v1_dqn_streams_carry_stream-groups3_batch-rows2_seq-len4_seed0"
+
+
+def test_overlapping_stream_chunks_start_with_their_streams_previous_last_steps():
+    """--overlap K: each [P, T] chunk goes out as [P, K + T] (in groups of B rows), after the
+    last K steps of the same streams' previous chunk; before the first chunk, K one-step
+    episodes of its first step (ended, so the chunk's first step starts from zeros)."""
+    cfg = recurrent_dqn.Config(batch_rows=2, stream_groups=2, seq_len=4, overlap=3, num_envs=2)
+    chunks = [raw_sample("streams", 4, 4, k, torch.Generator().manual_seed(k)) for k in range(3)]
+    handed = Handed(chunks[0])
+    training = recurrent_dqn.batches(cfg, handed)
+    for k, chunk in enumerate(chunks):
+        handed.batch = chunk
+        for group in range(2):
+            rows = slice(2 * group, 2 * group + 2)
+            batch = next(training)
+            assert batch.shape == (2, 7) and torch.equal(batch["stream"], torch.tensor([[2 * group] * 7, [2 * group + 1] * 7]))
+            assert torch.equal(batch["observation"][:, 3:], chunk["observation"][rows])
+            if k:
+                assert torch.equal(batch["observation"][:, :3], chunks[k - 1]["observation"][rows, 1:])
+                assert torch.equal(batch["is_first"][:, :3], chunks[k - 1]["is_first"][rows, 1:])
+            else:
+                assert torch.equal(batch["observation"][:, :3], chunk["observation"][rows, :1].expand(2, 3, 2))
+                assert batch["is_first"][:, :3].all() and batch["next", "done"][:, :3].all()
+                assert not batch["next", "truncated"][:, :3].any()
+    loss, _ = recurrent_dqn.make_loss(cfg, *recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))[:2])
+    assert loss.burn_in == 3 and loss.overlap and loss.stream_key == "stream"
+    assert cfg.name == "CartPole-v1_dqn_streams_carry_stream-groups2_overlap3_batch-rows2_seq-len4_seed0"
+    with pytest.raises(ValueError, match="--overlap .3. must be below --seq-len .3."):
+        recurrent_dqn.Config(seq_len=3, overlap=3)
+    with pytest.raises(ValueError, match="--overlap applies to --replay streams only"):
+        recurrent_dqn.Config(replay="slice", overlap=2)
 
 
 def test_runs_of_other_sequence_shapes_get_folders_of_their_own():

@@ -321,3 +321,65 @@ def test_burn_in_refuses_float_flags_and_stored_needs_the_state_key():
         dqn_loss(net, rnn, initial_state="zero", burn_in=3)(td)
     with pytest.raises(ValueError, match="q_state"):  # make_chunk stores no memory
         dqn_loss(net, rnn, initial_state="stored")(make_chunk())
+
+
+def make_stream(steps=20, rows=3, seed=4):
+    """Rows of one stream each, episodes ending inside and at the batch edges of
+    test_overlap_gives_the_loss_and_gradients_of_the_carry_taken_at_the_end (K=2, T=6)."""
+    td = make_chunk(steps=steps, rows=rows, seed=seed)
+    ends = {0: [(2, True), (7, True), (13, False)], 1: [(4, False), (11, True)], 2: [(5, True), (12, False)]}
+    for key in ("done", "terminated", "truncated"):
+        td["next", key].zero_()
+    for row, row_ends in ends.items():
+        for t, terminated in row_ends:
+            td["next", "done"][row, t] = True
+            td["next", "terminated" if terminated else "truncated"][row, t] = True
+    td["is_first"].zero_()
+    td["is_first"][:, 1:] = td["next", "done"][:, :-1]
+    td["is_first"][:, 0] = True
+    return td
+
+
+def test_overlap_gives_the_loss_and_gradients_of_the_carry_taken_at_the_end():
+    """With the network fixed, batches of a stream overlapping by K (burn-in = the previous
+    batch's last K steps, the carry taken before them) give each chunk the loss and gradients
+    of plain stream chunks, whose carry is taken at the end: the burn-in rebuilds the same
+    memory. A carry taken at the end of an overlapping batch would run K steps twice."""
+    k, t = 2, 6
+    net, rnn = q_network()
+    plain = dqn_loss(net, rnn, gamma=0.5, n_steps=2)
+    overlapping = dqn_loss(net, rnn, gamma=0.5, n_steps=2, burn_in=k, overlap=True)
+    for loss in (plain, overlapping):  # online and target differ, the same way in both
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in loss.value_network_params.values(True, True):
+                p.add_(0.3 * torch.randn_like(p))
+    stream = make_stream()
+    plain(stream[:, :k])  # the plain carry at step k, where the first overlapping batch's loss starts
+    for start in (k, k + t, k + 2 * t):
+        want, out = plain(stream[:, start:start + t]), overlapping(stream[:, start - k:start + t])
+        torch.testing.assert_close(out["loss"], want["loss"])
+        torch.testing.assert_close(torch.autograd.grad(out["loss"], list(overlapping.value_network_params.values(True, True))),
+                                   torch.autograd.grad(want["loss"], list(plain.value_network_params.values(True, True))))
+        # both networks: burn-in k and the pass before the overlap (t - k steps), no bootstrap
+        assert int(out["recurrent_steps"]) == int(want["recurrent_steps"]) + 2 * 3 * t
+    carried = overlapping._carries["online"][0]
+    with overlapping.value_network_params.to_module(net):  # the state before the last k steps
+        _, _, finals = reference(net, rnn, stream[:, :-k], lambda b: zeros(1))
+    torch.testing.assert_close(carried, torch.cat([f[0] for f in finals]))
+
+
+def test_overlap_is_refused_without_a_carry_or_burn_in_and_on_short_batches():
+    net, rnn = q_network()
+    with pytest.raises(ValueError, match="overlap=True needs initial_state='carry' and burn_in >= 1"):
+        dqn_loss(net, rnn, overlap=True)
+    with pytest.raises(ValueError, match="overlap=True needs"):
+        dqn_loss(net, rnn, initial_state="zero", burn_in=2, overlap=True)
+    with pytest.raises(TypeError, match="overlap must be a bool"):
+        dqn_loss(net, rnn, burn_in=2, overlap=1)
+    loss = dqn_loss(net, rnn, burn_in=3, overlap=True)
+    with pytest.raises(ValueError, match="burn_in=3 leaves no step before the overlap"):
+        loss(make_chunk(steps=6))
+    with pytest.raises(ValueError, match="burn_in=3 leaves none for the loss"):
+        loss(make_chunk()[:, :3])
+    loss(make_chunk(steps=7))

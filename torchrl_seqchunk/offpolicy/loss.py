@@ -48,7 +48,8 @@ class RecurrentDQNLoss(LossModule):
       reached at the end of the previous batch's same row, detached (stream chunks
       from :class:`~torchrl_seqchunk.StreamChunkSampler`; truncated BPTT, no burn-in);
       with ``stream_key``, at the end of the last batch that held the row's stream
-      (zeros for a stream never seen);
+      (zeros for a stream never seen); with ``overlap=True``, ``burn_in`` steps before
+      that end (see below);
     * ``"stored"``: from the memory the actor stored at the row's first step,
       ``tensordict[rnn.state_keys][:, 0]`` (R2D2's stored state, for replay windows);
     * ``"zero"``: from zeros.
@@ -57,6 +58,11 @@ class RecurrentDQNLoss(LossModule):
     With ``burn_in=K`` each network first unrolls every row's first ``K`` steps without
     gradient, from that start, only to rebuild its memory (R2D2's burn-in, Kapturowski et
     al., ICLR 2019); the loss then covers steps ``K..T-1`` from the state reached there.
+    With ``initial_state="carry"`` and ``overlap=True``, consecutive batches of a stream
+    overlap by ``K`` steps (R2D2's overlapping sequences): each batch's burn-in repeats the
+    previous batch's last ``K`` steps, so the carry kept is the state before a row's last
+    ``K`` steps, which the next batch unrolls again with the network as it is then (a
+    fresher memory than a carry taken at the end, at ``K`` more steps per network).
     The target network is TorchRL's (``delay_value=True``: update it with
     ``SoftUpdate`` / ``HardUpdate``).
 
@@ -91,6 +97,11 @@ class RecurrentDQNLoss(LossModule):
             so that consecutive steps see different streams (each stream's carry is then
             ``P / B`` updates old). ``None``: row ``b`` continues row ``b`` of the
             previous batch. Default ``None``.
+        overlap (bool): ``initial_state="carry"`` with ``burn_in=K >= 1`` only: each row's
+            first ``K`` steps repeat the last ``K`` of the row's previous batch, and the carry
+            is the state before the row's last ``K`` steps (one more unroll without gradient
+            over the steps before them, per network). Batches then need more than ``2 K``
+            steps per row. Default ``False``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
@@ -104,7 +115,7 @@ class RecurrentDQNLoss(LossModule):
             state whose rows differ from the batch (call :meth:`reset_carry` when the
             number of streams changes; not with ``stream_key``), stream ids missing, not
             integers (TypeError), out of range, repeated or changing along a row, a batch of at most ``burn_in``
-            steps, or the errors of ``unroll_with_next``.
+            steps (``2 burn_in`` with ``overlap``), or the errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
@@ -153,6 +164,7 @@ class RecurrentDQNLoss(LossModule):
         mask_key: NestedKey | None = None,
         burn_in: int = 0,
         stream_key: NestedKey | None = None,
+        overlap: bool = False,
         action_key: NestedKey = "action",
         action_value_key: NestedKey = "action_value",
         reward_key: NestedKey = ("next", "reward"),
@@ -185,7 +197,12 @@ class RecurrentDQNLoss(LossModule):
             if not _is_key(stream_key):
                 raise TypeError(f"stream_key must be a key (a str or a tuple of str), got {stream_key!r}.")
             stream_key = unravel_key(stream_key)
-        self.mask_key, self.stream_key = mask_key, stream_key
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap must be a bool, got {overlap!r}.")
+        if overlap and (initial_state != "carry" or not self.burn_in):
+            raise ValueError(f"overlap=True needs initial_state='carry' and burn_in >= 1 (the steps the batches of a "
+                             f"stream share), got initial_state={initial_state!r}, burn_in={self.burn_in}.")
+        self.mask_key, self.stream_key, self.overlap = mask_key, stream_key, overlap
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
         self.rnn = [rnn]  # a list: not a second registration of the network's submodule
@@ -296,8 +313,15 @@ class RecurrentDQNLoss(LossModule):
                 value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
                 done_key=self.keys["done"],
             )
+            final = out.final_state
+            if self.overlap:  # the state before the last K steps, which the next batch burns in again
+                with torch.no_grad():
+                    before = unroll_with_next(self.value_network, self.rnn[0], tensordict[:, : -self.burn_in],
+                                              start, bootstrap=False, value_key=self.keys["action_value"],
+                                              done_key=self.keys["done"])
+                final, burnt = before.final_state, burnt + before.recurrent_steps
         if self.initial_state == "carry":
-            self._keep(name, tuple(h.detach() for h in out.final_state), streams)
+            self._keep(name, tuple(h.detach() for h in final), streams)
         return out._replace(recurrent_steps=out.recurrent_steps + burnt)
 
     def _split(self, tensordict: TensorDictBase):
@@ -305,10 +329,13 @@ class RecurrentDQNLoss(LossModule):
         starts a new one at the rest's first."""
         if not self.burn_in:
             return None, tensordict
-        if tensordict.shape[1] <= self.burn_in:
+        needed = (2 if self.overlap else 1) * self.burn_in
+        if tensordict.shape[1] <= needed:
             raise ValueError(
                 f"the batch has {tensordict.shape[1]} steps per row, burn_in={self.burn_in} leaves "
-                "none for the loss: sample longer sequences or lower burn_in."
+                + ("no step before the overlap with the next batch: sample longer chunks or lower burn_in."
+                   if self.overlap and tensordict.shape[1] > self.burn_in else
+                   "none for the loss: sample longer sequences or lower burn_in.")
             )
         warm, rest = tensordict[:, : self.burn_in], tensordict[:, self.burn_in:].clone(False)
         first_key = self.rnn[0].is_first_key
