@@ -131,6 +131,29 @@ def test_the_window_first_step_resets_at_an_episode_start(replay, initial_state)
     torch.testing.assert_close(values[0], values[1])
 
 
+def test_an_overlapping_chunk_that_starts_an_episode_resets_whatever_its_burn_in_and_carry_hold():
+    """--overlap K: the chunk's first learned step (after the K steps of the previous chunk)
+    starts an episode, so its memory is zeros whatever the previous episode's steps burnt in
+    and the carry hold."""
+    cfg = recurrent_dqn.Config(batch_rows=2, seq_len=5, overlap=2, hidden=8, num_envs=2, n_steps=2)
+    qnet, rnn, _ = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
+    loss, _ = recurrent_dqn.make_loss(cfg, qnet, rnn)
+    g = torch.Generator().manual_seed(0)
+    chunk = raw_sample("streams", 2, 5, 0, g)  # an episode starts at its first step
+    values = []
+    for previous, carry in ((raw_sample("streams", 2, 5, 2, g), None),
+                            (raw_sample("streams", 2, 5, 1, g), (torch.randn(2, 1, 8, generator=g) * 3,))):
+        handed = Handed(previous)
+        training = recurrent_dqn.batches(cfg, handed)
+        next(training)
+        handed.batch = chunk
+        batch = next(training)
+        assert torch.equal(batch["observation"][:, :2], previous["observation"][:, 3:])
+        loss._carries = {"online": carry, "target": carry}
+        values.append(loss(batch)["loss"])
+    torch.testing.assert_close(values[0], values[1])
+
+
 def test_stream_chunks_are_trained_b_rows_at_a_time_in_turn_with_their_stream_ids():
     cfg = recurrent_dqn.Config(batch_rows=2, stream_groups=3, seq_len=4, num_envs=2)
     chunks = [raw_sample("streams", 6, 4, 0, torch.Generator().manual_seed(k)) for k in range(2)]

@@ -324,10 +324,13 @@ def test_burn_in_refuses_float_flags_and_stored_needs_the_state_key():
 
 
 def make_stream(steps=20, rows=3, seed=4):
-    """Rows of one stream each, episodes ending inside and at the batch edges of
-    test_overlap_gives_the_loss_and_gradients_of_the_carry_taken_at_the_end (K=2, T=6)."""
+    """Rows of one stream each, for test_overlap_gives_the_loss_and_gradients_of_the_carry_taken_at_the_end
+    (K=2, T=6: warm-ups at 6-7 and 12-13, learned steps from 8 and 14): row 0 ends episodes
+    inside and at a warm-up's last step, row 1 runs one episode across every junction (its
+    loss needs the carry), row 2 starts episodes without a done before them (a stream that
+    dropped an episode's rest) at a learned part's first step and inside a warm-up."""
     td = make_chunk(steps=steps, rows=rows, seed=seed)
-    ends = {0: [(2, True), (7, True), (13, False)], 1: [(4, False), (11, True)], 2: [(5, True), (12, False)]}
+    ends = {0: [(2, True), (7, True), (13, False)], 1: [(4, False)], 2: [(5, True)]}
     for key in ("done", "terminated", "truncated"):
         td["next", key].zero_()
     for row, row_ends in ends.items():
@@ -337,6 +340,7 @@ def make_stream(steps=20, rows=3, seed=4):
     td["is_first"].zero_()
     td["is_first"][:, 1:] = td["next", "done"][:, :-1]
     td["is_first"][:, 0] = True
+    td["is_first"][2, 8] = td["is_first"][2, 13] = True  # dropped rests: no done before them
     return td
 
 

@@ -46,7 +46,8 @@ class RecurrentDQNLoss(LossModule):
 
     * ``"carry"``: from the state each network (online and target, each its own)
       reached at the end of the previous batch's same row, detached (stream chunks
-      from :class:`~torchrl_seqchunk.StreamChunkSampler`; truncated BPTT, no burn-in);
+      from :class:`~torchrl_seqchunk.StreamChunkSampler`; truncated BPTT, no burn-in
+      unless ``overlap``);
       with ``stream_key``, at the end of the last batch that held the row's stream
       (zeros for a stream never seen); with ``overlap=True``, ``burn_in`` steps before
       that end (see below);
@@ -62,7 +63,11 @@ class RecurrentDQNLoss(LossModule):
     overlap by ``K`` steps (R2D2's overlapping sequences): each batch's burn-in repeats the
     previous batch's last ``K`` steps, so the carry kept is the state before a row's last
     ``K`` steps, which the next batch unrolls again with the network as it is then (a
-    fresher memory than a carry taken at the end, at ``K`` more steps per network).
+    fresher memory than a carry taken at the end). For ``L`` learned steps per row that
+    costs ``L`` more recurrent steps per row and network than plain chunks: the burn-in's
+    ``K``, and an unroll without gradient over the ``L - K`` steps before the overlap (the
+    gradient pass cannot hand over that state without cutting its backpropagation there:
+    a ``ResetRNN``'s carried state is detached).
     The target network is TorchRL's (``delay_value=True``: update it with
     ``SoftUpdate`` / ``HardUpdate``).
 
@@ -98,17 +103,18 @@ class RecurrentDQNLoss(LossModule):
             ``P / B`` updates old). ``None``: row ``b`` continues row ``b`` of the
             previous batch. Default ``None``.
         overlap (bool): ``initial_state="carry"`` with ``burn_in=K >= 1`` only: each row's
-            first ``K`` steps repeat the last ``K`` of the row's previous batch, and the carry
-            is the state before the row's last ``K`` steps (one more unroll without gradient
-            over the steps before them, per network). Batches then need more than ``2 K``
-            steps per row. Default ``False``.
+            first ``K`` steps must repeat the last ``K`` of the row's previous batch (the
+            caller builds the batches so; nothing checks it), and the carry is the state
+            before the row's last ``K`` steps (one more unroll without gradient over the
+            steps before them, per network). Batches then need more than ``2 K`` steps per
+            row. Default ``False``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
     Returns (forward):
         TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached) and
-        ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in
-        included, ``int64``).
+        ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in and the
+        unroll before an overlap included, ``int64``).
 
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
