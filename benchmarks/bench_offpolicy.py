@@ -36,8 +36,12 @@ one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task
 (median over seeds; only where both medians are positive, else the difference), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
 ``grad_steps_per_s_streams_vs_sequence_burnin<k>``, ``collect_fps_vector_vs_collector``.
 
+``--from-runs`` compares the runs of earlier grids instead (their ``offpolicy.csv``: a grid
+run in parts, or seed sets run apart, pooled over the seeds where every recipe ran).
+
     python benchmarks/bench_offpolicy.py --tasks cartpole --seeds 1,2,3 --frames 12000
     python benchmarks/bench_offpolicy.py --speed-only
+    python benchmarks/bench_offpolicy.py --from-runs runs/part1,runs/part2 --out runs/pooled
 """
 from __future__ import annotations
 
@@ -64,6 +68,8 @@ RECIPES = {  # name: the example's options
     "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
     "streams-overlap10": dict(replay="streams", overlap=10),
 }
+KEY = ("task", "recipe", "seed")  # of a run, in the CSVs
+EXTRA = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")  # the example's columns a summary reads
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
     "cartpole": ("CartPole-v1", 450.0),
     "repeat_first": ("popgym:popgym-RepeatFirstEasy-v0", 0.5),
@@ -86,6 +92,31 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
     return {**cell_summary(rows, threshold, cap, {r["frames"] for r in rows}), "final_return": last["return_mean"],
             "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9),
             "recurrent_steps_per_grad_step": last["recurrent_steps_per_grad_step"]}
+
+
+def read_runs(folders: list[str], tasks: list[str], recipes: list[str]) -> tuple[dict, list[int]]:
+    """The runs of earlier grids (each folder's ``offpolicy.csv``), ``{(task, recipe): {seed: rows}}``,
+    and the seeds where every task and recipe asked for ran; a ValueError names a run found
+    twice, a missing file or no seed in common."""
+    runs: dict = {}
+    for folder in folders:
+        path = Path(folder) / "offpolicy.csv"
+        if not path.is_file():
+            raise ValueError(f"--from-runs {folder}: no offpolicy.csv there (a folder this script wrote with --out).")
+        found: dict = {}
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                key = (row["task"], row["recipe"], int(row["seed"]))
+                found.setdefault(key, []).append({k: float(v) for k, v in row.items() if k not in KEY})
+        for (task, recipe, seed), rows in found.items():
+            if seed in runs.setdefault((task, recipe), {}):
+                raise ValueError(f"--from-runs: {task} {recipe} seed {seed} is in more than one folder; keep one.")
+            runs[(task, recipe)][seed] = rows
+    seeds = set.intersection(*(set(runs.get((t, r), {})) for t in tasks for r in recipes))
+    if not seeds:
+        raise ValueError(f"--from-runs: no seed has a run of every task {tasks} and recipe {recipes}; "
+                         "name the tasks and recipes the folders hold (--tasks, --recipes).")
+    return runs, sorted(seeds)
 
 
 def speed(args) -> dict[int, float]:
@@ -245,11 +276,20 @@ def main() -> None:
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
     parser.add_argument("--speed-rounds", type=int, default=40, help="A/B rounds of each speed comparison")
     parser.add_argument("--speed-steps", type=int, default=4, help="gradient steps per recipe per round")
+    parser.add_argument("--from-runs", default="", help="comma-separated --out folders of earlier grids: compare "
+                        "their runs (offpolicy.csv; over the seeds where every task and recipe ran, --frames their "
+                        "budget) instead of running a grid; no speed comparisons, no --seeds")
 
     def check(args) -> None:
         options.names("tasks", args.tasks, tuple(TASKS))
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
+        if args.from_runs:
+            if args.speed_only or args.seeds != [1, 2, 3, 4, 5]:
+                raise ValueError("--from-runs compares the runs of earlier grids, over the seeds every task and "
+                                 "recipe ran: not with --speed-only or --seeds.")
+            args.runs, args.seeds = read_runs(args.from_runs.split(","), args.tasks.split(","),
+                                              args.recipes.split(","))
 
     args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
                          int_lists={"seeds": 0}, check=check)
@@ -257,33 +297,46 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not args.no_speed:
+    if not args.no_speed and not args.from_runs:
         speed(args)
         collect_speed(args)
     if args.speed_only:
         return
-    key = ("task", "recipe", "seed")
-    extra = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")
-    curves, summaries = {}, {}
+    runs = args.runs if args.from_runs else run_grid(tasks, recipes, seeds, args, out)
+    report(runs, tasks, recipes, seeds, args, out)
+
+
+def run_grid(tasks: list[str], recipes: list[str], seeds: list[int], args, out: Path) -> dict:
+    """Every run of the grid, written to ``offpolicy.csv`` as it ends; ``{(task, recipe): {seed: rows}}``."""
+    runs: dict = {}
     grid = [(task, seed, recipe) for task in tasks for seed in seeds for recipe in recipes]
     with open(out / "offpolicy.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*key, "frames", "wall_s", "return_mean", *extra])
+        writer = csv.DictWriter(f, fieldnames=[*KEY, "frames", "wall_s", "return_mean", *EXTRA])
         writer.writeheader()
         for task, seed, recipe in tqdm(grid, desc="grid"):
             rows = run(task, recipe, seed, args)
             writer.writerows({"task": task, "recipe": recipe, "seed": seed,
-                              **{k: r[k] for k in ("frames", "wall_s", "return_mean", *extra)}} for r in rows)
+                              **{k: r[k] for k in ("frames", "wall_s", "return_mean", *EXTRA)}} for r in rows)
             f.flush()
-            curves.setdefault((task, recipe), []).append(rows)
-            summaries[(task, recipe, seed)] = summarize(rows, TASKS[task][1], args.frames)
+            runs.setdefault((task, recipe), {})[seed] = rows
+    return runs
+
+
+def report(runs: dict, tasks: list[str], recipes: list[str], seeds: list[int], args, out: Path) -> None:
+    """Per run summaries (``offpolicy_summary.csv``), the paired table (``offpolicy_table.md``, printed
+    with the RATIO lines) and the curves (``offpolicy.png``) of ``runs`` over ``seeds``."""
+    summaries = {(task, recipe, seed): summarize(runs[(task, recipe)][seed], TASKS[task][1], args.frames)
+                 for task in tasks for recipe in recipes for seed in seeds}
     with open(out / "offpolicy_summary.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*key, *next(iter(summaries.values()))])
-        writer.writerows([*k, *(f"{v:.4g}" for v in s.values())] for k, s in summaries.items())
-    lines = [f"{args.frames} frames per run, seeds {args.seeds}", "",
+        writer.writerow([*KEY, *next(iter(summaries.values()))])
+        writer.writerows([*k, *(f"{v:.7g}" for v in s.values())] for k, s in summaries.items())
+    source = f"runs of {args.from_runs}" if args.from_runs else "runs"
+    lines = [f"{args.frames} frames per run, {source}, seeds {seeds}", "",
              *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    curves = {(task, recipe): [runs[(task, recipe)][seed] for seed in seeds] for task in tasks for recipe in recipes}
     plot(curves, tasks, recipes, out / "offpolicy.png")
     print(f"-> {out}")
 

@@ -1,8 +1,10 @@
-"""benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks and a tiny speed run."""
+"""benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks, a tiny speed run and the pooling of earlier grids."""
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -58,3 +60,37 @@ def test_tiny_speed_run_prints_its_ratios(tmp_path):
                                                      "grad_steps_per_s_streams_vs_sequence_burnin10",
                                                      "collect_fps_vector_vs_collector"]
     assert all(float(line.split()[2]) > 0 for line in ratios)
+
+
+def write_runs(folder: Path, mmers: dict) -> None:
+    """An offpolicy.csv as a grid writes it: two rows per run, its MMER first, half of it last."""
+    folder.mkdir()
+    lines = ["task,recipe,seed,frames,wall_s,return_mean,grad_steps,learn_s,recurrent_steps_per_grad_step"]
+    for (recipe, seed), mmer in mmers.items():
+        lines += [f"cartpole,{recipe},{seed},128,1.0,{mmer},10,1.0,673", f"cartpole,{recipe},{seed},256,2.0,{mmer / 2},20,2.0,673"]
+    (folder / "offpolicy.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_from_runs_pools_earlier_grids_over_the_seeds_every_recipe_ran(tmp_path):
+    write_runs(tmp_path / "a", {("streams", 1): 100.0, ("sequence", 1): 50.0, ("streams", 2): 200.0,
+                                ("sequence", 2): 250.0})
+    write_runs(tmp_path / "b", {("streams", 3): 300.0, ("sequence", 3): 150.0, ("streams", 4): 90.0})  # 4: no pair
+    base = ["--tasks", "cartpole", "--recipes", "streams,sequence", "--frames", "256"]
+    result = command("--from-runs", f"{tmp_path / 'a'},{tmp_path / 'b'}", *base, "--out", str(tmp_path / "pooled"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "seeds [1, 2, 3]" in result.stdout
+    assert "RATIO mmer_streams_vs_sequence_cartpole 1.333" in result.stdout  # medians 200 / 150
+    # paired differences +50, -50, +150: mean +50; medians of the final returns 100 and 75
+    assert "| cartpole | sequence | 150.00 | never | 75.00 | 10.0 | 673 | +50.00 [" in result.stdout
+    assert (tmp_path / "pooled" / "offpolicy.png").exists()
+    summary = (tmp_path / "pooled" / "offpolicy_summary.csv").read_text().splitlines()
+    assert len(summary) == 1 + 6 and summary[1].startswith("cartpole,streams,1,100,256,50,10,673")
+
+    for folders, recipes, match in [([tmp_path / "a", tmp_path / "a"], ["streams", "sequence"], "in more than one folder"),
+                                    ([tmp_path / "none"], ["streams", "sequence"], "no offpolicy.csv there"),
+                                    ([tmp_path / "a"], ["streams", "slice"], "no seed has a run of every task")]:
+        with pytest.raises(ValueError, match=match):
+            bench_offpolicy.read_runs([str(f) for f in folders], ["cartpole"], recipes)
+    result = command("--from-runs", str(tmp_path / "a"), "--seeds", "1", *base, "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "not with --speed-only or --seeds" in result.stderr
+    assert not (tmp_path / "x").exists()
