@@ -8,9 +8,7 @@ element-wise ops per step, written into buffers made before the loop) and keeps 
 the backward runs the time recursion on the state gradients alone (one small matrix product
 per step) and forms each weight gradient in one product. A reset costs one select at a step
 that has one, in each direction; no gradient flows from a reset step into the state before
-it, and the gradient there goes to the reset value (the stored memory). The LSTM layer
-computes ``tanh(a)`` as ``2 sigmoid(2a) - 1`` (several times cheaper on CPU; an absolute
-error of about 1e-7 in float32, which is relatively larger on very small activations).
+it, and the gradient there goes to the reset value (the stored memory).
 
 Limits: the backward is not itself differentiable (``create_graph=True`` raises a
 RuntimeError naming ``backend='loop'``, as does a backward vectorized by ``vmap``,
@@ -200,39 +198,33 @@ class _LSTMLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh):
         size = h0.shape[-1]
-        # tanh(a) = 2 sigmoid(2 a) - 1, and sigmoid is several times cheaper than tanh on CPU: the
-        # g gate's rows are doubled, so one sigmoid over the four gates gives i, f, o and (g + 1) / 2
-        double = torch.ones(4 * size, 1, dtype=w_hh.dtype, device=w_hh.device)
-        double[2 * size: 3 * size] = 2.0
         time, batch = reset.t().shape
         x_flat = x.transpose(0, 1).reshape(time * batch, x.shape[-1])  # time-major: one 2-D product
-        bias = None if b_ih is None else b_ih * double[:, 0]
-        gates = F.linear(x_flat, w_ih * double, bias).view(time, batch, 4 * size)
+        gates = F.linear(x_flat, w_ih, b_ih).view(time, batch, 4 * size)
         if b_hh is not None:
-            gates += b_hh * double[:, 0]  # [T, B, 4H]: W_ih x + b now, + W_hh h in place at each step
-        w_hh_t = (w_hh * double).t().contiguous()
+            gates += b_hh  # [T, B, 4H]: W_ih x + b now, + W_hh h in place at each step
+        w_hh_t = w_hh.t().contiguous()
         resets_at = reset.any(0).tolist()
         mask = reset.t().unsqueeze(-1)  # [T, B, 1]
-        sig, tanh_c = torch.empty_like(gates), gates.new_empty(gates.shape[:-1] + (size,))
+        # act: sigmoid of the i, f and o gates, tanh of g (one sigmoid over the four, g overwritten)
+        act, tanh_c = torch.empty_like(gates), gates.new_empty(gates.shape[:-1] + (size,))
         c_after, y = torch.empty_like(tanh_c), torch.empty_like(tanh_c)
-        i, f, half_g, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
+        i, f, g, o = act.view(*act.shape[:-1], 4, size).unbind(-2)
         # every step's views at once (one call each, not one index per step and tensor)
-        gates_t, sig_t, c_after_t, tanh_c_t, y_t = (v.unbind(0) for v in (gates, sig, c_after, tanh_c, y))
-        i_t, f_t, half_g_t, o_t = (v.unbind(0) for v in (i, f, half_g, o))
+        gates_t, act_t, c_after_t, tanh_c_t, y_t = (v.unbind(0) for v in (gates, act, c_after, tanh_c, y))
+        i_t, f_t, g_t, o_t = (v.unbind(0) for v in (i, f, g, o))
+        g_in_t = gates.view(time, batch, 4, size)[:, :, 2].unbind(0)
         h, c = h0, c0
         for t in range(time):
             if resets_at[t]:
                 h, c = _reset_step(h, mask[t], h_value, t), _reset_step(c, mask[t], c_value, t)
-            torch.sigmoid(gates_t[t].addmm_(h, w_hh_t), out=sig_t[t])
-            # c = f c + i g, with g = 2 half_g - 1
-            c = torch.mul(f_t[t], c, out=c_after_t[t]).addcmul_(i_t[t], half_g_t[t], value=2.0).sub_(i_t[t])
-            half_tanh_c = torch.sigmoid(torch.mul(c, 2.0, out=tanh_c_t[t]), out=tanh_c_t[t])
-            h = torch.mul(o_t[t], half_tanh_c, out=y_t[t]).mul_(2.0).sub_(o_t[t])  # o tanh(c)
+            torch.sigmoid(gates_t[t].addmm_(h, w_hh_t), out=act_t[t])
+            torch.tanh(g_in_t[t], out=g_t[t])
+            c = torch.mul(f_t[t], c, out=c_after_t[t]).addcmul_(i_t[t], g_t[t])  # f c + i g
+            h = torch.mul(o_t[t], torch.tanh(c, out=tanh_c_t[t]), out=y_t[t])  # o tanh(c)
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
-            tanh_c.mul_(2.0).sub_(1.0)
-            g = half_g.mul(2.0).sub_(1.0)
             hp, cp = _states_before(h0, y, mask, h_value), _states_before(c0, c_after, mask, c_value)
-            ctx.save_for_backward(x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh)
+            ctx.save_for_backward(x, reset, hp, cp, act, g, tanh_c, w_ih, w_hh)
             ctx.has_value = h_value is not None
         return _own(y.transpose(0, 1)), _own(h), _own(c)
 
@@ -242,7 +234,7 @@ class _LSTMLayer(torch.autograd.Function):
         x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh = ctx.saved_tensors
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
-        slope = sig - sig * sig  # sigmoid'(a) = s (1 - s), for i, f and o
+        slope = sig - sig * sig  # sigmoid'(a) = s (1 - s), for i, f and o (the g slot unread)
         k_h = (1 - tanh_c * tanh_c).mul_(o)  # dc_t += dh_t * k_h
         k_c = torch.empty_like(sig[..., : 3 * size]).view(time, batch, 3, size)  # d(i, f, g) = dc_t * k_c
         torch.mul(g, slope[..., :size], out=k_c[:, :, 0])
