@@ -249,7 +249,8 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
             if recipe != "streams":
                 diffs = [summaries[(task, "streams", s)]["mmer"] - summaries[(task, recipe, s)]["mmer"] for s in seeds]
                 mean, low, high, p = paired_stats(diffs, rng)
-                cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}"
+                cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}" if p >= 1e-3 else \
+                    f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.1e}"  # 2 ** -n at n seeds
                 ours = statistics.median(summaries[(task, "streams", s)]["mmer"] for s in seeds)
                 theirs = statistics.median(r["mmer"] for r in runs)
                 print(mmer_ratio_line(f"mmer_streams_vs_{recipe}_{task}", ours, theirs))
