@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
+import math
 import statistics
 import tempfile
 import time
@@ -94,29 +96,49 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
             "recurrent_steps_per_grad_step": last["recurrent_steps_per_grad_step"]}
 
 
-def read_runs(folders: list[str], tasks: list[str], recipes: list[str]) -> tuple[dict, list[int]]:
+def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: int) -> tuple[dict, list[int], list[int]]:
     """The runs of earlier grids (each folder's ``offpolicy.csv``), ``{(task, recipe): {seed: rows}}``,
-    and the seeds where every task and recipe asked for ran; a ValueError names a run found
-    twice, a missing file or no seed in common."""
+    the seeds where every task and recipe asked for ran, and the seeds left out (some run
+    missing). A ValueError names the folder and what is wrong: no such file, a column missing,
+    a run found twice (in two folders, or twice in one: its frames not increasing), no seed in
+    common, or a run pooled that did not end where a grid of ``frames`` (``--frames``) ends."""
     runs: dict = {}
+    needed = (*KEY, "frames", "return_mean", *EXTRA)
     for folder in folders:
         path = Path(folder) / "offpolicy.csv"
-        if not path.is_file():
-            raise ValueError(f"--from-runs {folder}: no offpolicy.csv there (a folder this script wrote with --out).")
+        if not folder or not path.is_file():
+            raise ValueError(f"--from-runs {folder!r}: no offpolicy.csv there (a folder this script wrote with --out).")
         found: dict = {}
         with open(path) as f:
-            for row in csv.DictReader(f):
+            reader = csv.DictReader(f)
+            missing = [c for c in needed if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"--from-runs {folder}: offpolicy.csv has no column {missing} (not a file this "
+                                 "script wrote?).")
+            for row in reader:
                 key = (row["task"], row["recipe"], int(row["seed"]))
-                found.setdefault(key, []).append({k: float(v) for k, v in row.items() if k not in KEY})
+                rows = found.setdefault(key, [])
+                rows.append({k: float(row[k]) for k in needed[len(KEY):]})
+                if len(rows) > 1 and rows[-1]["frames"] <= rows[-2]["frames"]:
+                    raise ValueError(f"--from-runs {folder}: the run {key} restarts at {rows[-1]['frames']:.0f} "
+                                     "frames: two runs under one key; keep one.")
         for (task, recipe, seed), rows in found.items():
             if seed in runs.setdefault((task, recipe), {}):
                 raise ValueError(f"--from-runs: {task} {recipe} seed {seed} is in more than one folder; keep one.")
             runs[(task, recipe)][seed] = rows
-    seeds = set.intersection(*(set(runs.get((t, r), {})) for t in tasks for r in recipes))
+    ran = [set(runs.get((t, r), {})) for t in tasks for r in recipes]
+    seeds = set.intersection(*ran)
     if not seeds:
         raise ValueError(f"--from-runs: no seed has a run of every task {tasks} and recipe {recipes}; "
                          "name the tasks and recipes the folders hold (--tasks, --recipes).")
-    return runs, sorted(seeds)
+    batch = recurrent_dqn.Config.num_envs * recurrent_dqn.Config.collect_len  # the example's default collector batch
+    planned = -(-frames // batch) * batch
+    for (task, recipe, seed) in itertools.product(tasks, recipes, sorted(seeds)):
+        end = runs[(task, recipe)][seed][-1]["frames"]
+        if end != planned:
+            raise ValueError(f"--from-runs: the run {task} {recipe} seed {seed} ends at {end:.0f} frames, a grid of "
+                             f"--frames {frames} at {planned}: pool runs of one length, and give it as --frames.")
+    return runs, sorted(seeds), sorted(set.union(*ran) - seeds)
 
 
 def speed(args) -> dict[int, float]:
@@ -251,6 +273,8 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
                 mean, low, high, p = paired_stats(diffs, rng)
                 cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}" if p >= 1e-3 else \
                     f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.1e}"  # 2 ** -n at n seeds
+                if not all(map(math.isfinite, diffs)):
+                    cell = "none: a run ended no episode (no MMER)"
                 ours = statistics.median(summaries[(task, "streams", s)]["mmer"] for s in seeds)
                 theirs = statistics.median(r["mmer"] for r in runs)
                 print(mmer_ratio_line(f"mmer_streams_vs_{recipe}_{task}", ours, theirs))
@@ -269,7 +293,7 @@ def main() -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
     parser.add_argument("--recipes", default="streams,sequence,slice,slice-zero", help=f"comma-separated, streams first, from {tuple(RECIPES)}")
-    parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 1,2,3,4,5)")
     parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")
     parser.add_argument("--speed-only", action="store_true", help="only the speed comparisons (gradient steps, collection)")
@@ -286,14 +310,16 @@ def main() -> None:
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.from_runs:
-            if args.speed_only or args.seeds != [1, 2, 3, 4, 5]:
+            if args.speed_only or args.seeds is not None:
                 raise ValueError("--from-runs compares the runs of earlier grids, over the seeds every task and "
                                  "recipe ran: not with --speed-only or --seeds.")
-            args.runs, args.seeds = read_runs(args.from_runs.split(","), args.tasks.split(","),
-                                              args.recipes.split(","))
+            args.runs, args.seeds, args.left_out = read_runs(args.from_runs.split(","), args.tasks.split(","),
+                                                             args.recipes.split(","), args.frames)
+        else:
+            args.seeds = options.int_list("seeds", args.seeds or "1,2,3,4,5", 0)
 
     args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
-                         int_lists={"seeds": 0}, check=check)
+                         check=check)
     tasks, recipes, seeds = args.tasks.split(","), args.recipes.split(","), args.seeds
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -331,8 +357,11 @@ def report(runs: dict, tasks: list[str], recipes: list[str], seeds: list[int], a
     with open(out / "offpolicy_summary.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*KEY, *next(iter(summaries.values()))])
-        writer.writerows([*k, *(f"{v:.7g}" for v in s.values())] for k, s in summaries.items())
+        writer.writerows([*k, *(f"{v:.0f}" if float(v).is_integer() else f"{v:.7g}" for v in s.values())]
+                         for k, s in summaries.items())
     source = f"runs of {args.from_runs}" if args.from_runs else "runs"
+    if args.from_runs and args.left_out:
+        source += f" (seeds left out, a task or recipe missing: {args.left_out})"
     lines = [f"{args.frames} frames per run, {source}, seeds {seeds}", "",
              *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
 """benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks, a tiny speed run and the pooling of earlier grids."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,11 +87,23 @@ def test_from_runs_pools_earlier_grids_over_the_seeds_every_recipe_ran(tmp_path)
     summary = (tmp_path / "pooled" / "offpolicy_summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 6 and summary[1].startswith("cartpole,streams,1,100,256,50,10,673")
 
-    for folders, recipes, match in [([tmp_path / "a", tmp_path / "a"], ["streams", "sequence"], "in more than one folder"),
-                                    ([tmp_path / "none"], ["streams", "sequence"], "no offpolicy.csv there"),
-                                    ([tmp_path / "a"], ["streams", "slice"], "no seed has a run of every task")]:
-        with pytest.raises(ValueError, match=match):
-            bench_offpolicy.read_runs([str(f) for f in folders], ["cartpole"], recipes)
-    result = command("--from-runs", str(tmp_path / "a"), "--seeds", "1", *base, "--out", str(tmp_path / "x"))
-    assert result.returncode == 2 and "not with --speed-only or --seeds" in result.stderr
+    assert "seeds left out, a task or recipe missing: [4]" in result.stdout
+
+    (tmp_path / "twice").mkdir()  # one run written twice into one file: its frames restart
+    (tmp_path / "twice" / "offpolicy.csv").write_text((tmp_path / "a" / "offpolicy.csv").read_text() + "\n".join(
+        (tmp_path / "a" / "offpolicy.csv").read_text().splitlines()[1:3]) + "\n")
+    (tmp_path / "nocolumn").mkdir()
+    (tmp_path / "nocolumn" / "offpolicy.csv").write_text("task,recipe,seed,frames\ncartpole,streams,1,128\n")
+    for folders, recipes, frames, match in [
+            (["a", "a"], ["streams", "sequence"], 256, "in more than one folder"),
+            (["none"], ["streams", "sequence"], 256, "no offpolicy.csv there"),
+            (["a"], ["streams", "slice"], 256, "no seed has a run of every task"),
+            (["twice"], ["streams", "sequence"], 256, "restarts at 128 frames: two runs under one key"),
+            (["nocolumn"], ["streams"], 256, "has no column ['return_mean', 'grad_steps'"),
+            (["a"], ["streams", "sequence"], 100_000, "ends at 256 frames, a grid of --frames 100000 at 100096")]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            bench_offpolicy.read_runs([str(tmp_path / f) for f in folders], ["cartpole"], recipes, frames)
+    for flag in (("--seeds", "1,2,3,4,5"), ("--speed-only",)):  # refused even at its default
+        result = command("--from-runs", str(tmp_path / "a"), *flag, *base, "--out", str(tmp_path / "x"))
+        assert result.returncode == 2 and "not with --speed-only or --seeds" in result.stderr
     assert not (tmp_path / "x").exists()
