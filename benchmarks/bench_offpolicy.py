@@ -261,13 +261,14 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
     """The paired table (markdown lines) and the RATIO lines of the learning grid."""
     rng = np.random.default_rng(0)
     lines = ["| task | recipe | median MMER | median frames to threshold | median final return "
-             "| grad steps/s | recurrent steps/grad step | streams - recipe, MMER: mean [95% CI], p |",
-             "|---" * 8 + "|"]
+             "| grad steps/s | recurrent steps/grad step | streams - recipe, MMER: mean [95% CI], p "
+             "| seeds where streams' MMER is ahead (level) |",
+             "|---" * 9 + "|"]
     for task in tasks:
         for recipe in recipes:
             runs = [summaries[(task, recipe, s)] for s in seeds]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            cell = ""
+            cell = count = ""
             if recipe != "streams":
                 diffs = [summaries[(task, "streams", s)]["mmer"] - summaries[(task, recipe, s)]["mmer"] for s in seeds]
                 mean, low, high, p = paired_stats(diffs, rng)
@@ -275,6 +276,7 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
                     f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.1e}"  # 2 ** -n at n seeds
                 if not all(map(math.isfinite, diffs)):
                     cell = "none: a run ended no episode (no MMER)"
+                count = f"{sum(d > 0 for d in diffs)} of {len(diffs)} ({sum(d == 0 for d in diffs)})"
                 ours = statistics.median(summaries[(task, "streams", s)]["mmer"] for s in seeds)
                 theirs = statistics.median(r["mmer"] for r in runs)
                 print(mmer_ratio_line(f"mmer_streams_vs_{recipe}_{task}", ours, theirs))
@@ -284,7 +286,7 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
             frames = "never" if med["frames_to_threshold"] >= cap else f"{med['frames_to_threshold']:.0f}"
             lines.append(f"| {task} | {recipe} | {med['mmer']:.2f} | {frames} | "
                          f"{med['final_return']:.2f} | {med['grad_steps_per_s']:.1f} | "
-                         f"{med['recurrent_steps_per_grad_step']:.0f} | {cell} |")
+                         f"{med['recurrent_steps_per_grad_step']:.0f} | {cell} | {count} |")
     return lines
 
 
@@ -359,10 +361,10 @@ def report(runs: dict, tasks: list[str], recipes: list[str], seeds: list[int], a
         writer.writerow([*KEY, *next(iter(summaries.values()))])
         writer.writerows([*k, *(f"{v:.0f}" if float(v).is_integer() else f"{v:.7g}" for v in s.values())]
                          for k, s in summaries.items())
-    source = f"runs of {args.from_runs}" if args.from_runs else "runs"
+    source = f", runs of {args.from_runs}" if args.from_runs else ""
     if args.from_runs and args.left_out:
         source += f" (seeds left out, a task or recipe missing: {args.left_out})"
-    lines = [f"{args.frames} frames per run, {source}, seeds {seeds}", "",
+    lines = [f"{args.frames} frames per run{source}, seeds {seeds}", "",
              *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
