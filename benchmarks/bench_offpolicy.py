@@ -295,7 +295,8 @@ def main() -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
     parser.add_argument("--recipes", default="streams,sequence,slice,slice-zero", help=f"comma-separated, streams first, from {tuple(RECIPES)}")
-    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 1,2,3,4,5)")
+    parser.add_argument("--seeds", default=argparse.SUPPRESS, help="comma-separated seeds (default 1,2,3,4,5, on which the example's "
+                        "options were chosen: compare recipes on others, e.g. 31 and up)")
     parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")
     parser.add_argument("--speed-only", action="store_true", help="only the speed comparisons (gradient steps, collection)")
@@ -312,13 +313,18 @@ def main() -> None:
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.from_runs:
-            if args.speed_only or args.seeds is not None:
+            if args.speed_only or hasattr(args, "seeds"):
                 raise ValueError("--from-runs compares the runs of earlier grids, over the seeds every task and "
                                  "recipe ran: not with --speed-only or --seeds.")
             args.runs, args.seeds, args.left_out = read_runs(args.from_runs.split(","), args.tasks.split(","),
                                                              args.recipes.split(","), args.frames)
         else:
-            args.seeds = options.int_list("seeds", args.seeds or "1,2,3,4,5", 0)
+            args.seeds = options.int_list("seeds", getattr(args, "seeds", "1,2,3,4,5"), 0)
+            for recipe in args.recipes.split(","):  # the example's own checks, before any run
+                try:
+                    recurrent_dqn.Config(total_frames=args.frames, progress=False, **RECIPES[recipe])
+                except ValueError as err:
+                    raise ValueError(f"--frames {args.frames} ({recipe}): {err}") from None
 
     args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
                          check=check)

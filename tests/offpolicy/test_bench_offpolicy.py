@@ -49,6 +49,8 @@ def test_frames_ratio_only_where_a_median_reaches_the_threshold():
 def test_options_are_checked_before_anything_runs(tmp_path):
     result = command("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
+    result = command("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
+    assert result.returncode == 2 and "--frames 640 (streams): --learning-starts 2000" in result.stderr
     assert not (tmp_path / "x").exists()
 
 
