@@ -131,8 +131,7 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
     if not seeds:
         raise ValueError(f"--from-runs: no seed has a run of every task {tasks} and recipe {recipes}; "
                          "name the tasks and recipes the folders hold (--tasks, --recipes).")
-    batch = recurrent_dqn.Config.num_envs * recurrent_dqn.Config.collect_len  # the example's default collector batch
-    planned = -(-frames // batch) * batch
+    planned = recurrent_dqn.Config(total_frames=frames, learning_starts=0, progress=False).planned_frames  # whole batches
     for (task, recipe, seed) in itertools.product(tasks, recipes, sorted(seeds)):
         end = runs[(task, recipe)][seed][-1]["frames"]
         if end != planned:
@@ -272,8 +271,8 @@ def compare(summaries: dict, tasks: list[str], recipes: list[str], seeds: list[i
             if recipe != "streams":
                 diffs = [summaries[(task, "streams", s)]["mmer"] - summaries[(task, recipe, s)]["mmer"] for s in seeds]
                 mean, low, high, p = paired_stats(diffs, rng)
-                cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.3f}" if p >= 1e-3 else \
-                    f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={p:.1e}"  # 2 ** -n at n seeds
+                shown = f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"  # down to 2 ** -n at n seeds
+                cell = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p={shown}"
                 if not all(map(math.isfinite, diffs)):
                     cell = "none: a run ended no episode (no MMER)"
                 count = f"{sum(d > 0 for d in diffs)} of {len(diffs)} ({sum(d == 0 for d in diffs)})"
