@@ -294,8 +294,9 @@ def test_auto_picks_scan_for_linear_recurrences_fused_for_small_gru_batches_and_
     flags = lambda rows: torch.zeros(rows, T, dtype=torch.bool)  # noqa: E731
     assert recurrent._pick_backend(MinGRUCell(F, H), device, dense) == "scan"
     assert recurrent._pick_backend(nn.GRU(F, 64), device, flags(8)) == "fused"  # the main job's size
-    assert recurrent._pick_backend(nn.GRU(F, 128), device, flags(32)) == "fused"  # B * H = 4096
-    assert recurrent._pick_backend(nn.GRU(F, 256), device, flags(32)) == "loop"  # bench_recurrent's CPU preset
+    assert recurrent._pick_backend(nn.GRU(F, 1024), device, flags(32)) == "fused"  # B = 32, any H
+    assert recurrent._pick_backend(nn.GRU(F, 64), device, flags(64)) == "fused"  # B * H = 4096
+    assert recurrent._pick_backend(nn.GRU(F, 128), device, flags(64)) == "loop"  # past both
     assert recurrent._pick_backend(nn.LSTM(F, H), device, dense) == "fused"
     assert recurrent._pick_backend(nn.LSTM(F, H), device, sparse) == "loop"
     assert recurrent._pick_backend(nn.LSTM(F, H, proj_size=2), device, dense) == "loop"  # not fusable

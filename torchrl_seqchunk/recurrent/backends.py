@@ -242,10 +242,12 @@ def _scan_entry(a, b, h0, reset_value, reset):
     return b[:, 1:]
 
 
-# fused beats loop for an nn.GRU on CPU up to about this many rows times hidden units (measured, one
-# thread, forward + backward over T=64, a reset every 20 / 200 steps per row: B=8 H=64 to 512 0.45x to
-# 0.65x, B=32 H=64 0.64x to 0.67x, B=32 H=128 0.82x to 0.89x, B=64 H=64 0.77x to 0.90x; at 8192 0.94x
-# to 1.08x, above it up to 1.49x)
+# fused beats loop for an nn.GRU on CPU with up to this many rows, at any hidden size measured, and at
+# up to _FUSED_GRU_MAX_WIDTH rows times hidden units (measured, one thread, forward + backward over T=64,
+# a reset every 20 / 200 steps per row, fused over loop: B=4 H=2048 0.20x to 0.23x, B=8 H=64 to 512 0.45x
+# to 0.65x, B=16 H=1024 0.39x to 0.62x, B=32 H=64 to 1024 0.56x to 0.93x, B=64 H=64 0.77x to 0.90x; past
+# both, B=64 H=128 to 512 0.97x to 1.23x, B=128 H=128 1.23x to 1.28x)
+_FUSED_GRU_MAX_ROWS = 32
 _FUSED_GRU_MAX_WIDTH = 4096
 
 
@@ -257,7 +259,8 @@ def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> 
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
     # small CPU batches: PyTorch's own GRU backward runs op by op, the fused one batches it
-    if isinstance(rnn, nn.GRU) and reset.shape[0] * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH:
+    rows = reset.shape[0]
+    if isinstance(rnn, nn.GRU) and (rows <= _FUSED_GRU_MAX_ROWS or rows * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH):
         return "fused"
     # an LSTM with resets on most steps: the fused backward beats stepping the cell (measured, one
     # thread, forward + backward over nn.LSTM without resets: B=32 T=64 H=256 1.6x to 1.7x against

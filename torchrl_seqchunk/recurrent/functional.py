@@ -61,7 +61,7 @@ def rnn_with_resets(
             call per reset-free time segment when resets fall on few steps; any
             rnn), ``"fused"`` (``nn.GRU`` / ``nn.LSTM`` without ``proj_size``: one
             autograd node per layer whose backward through time is written out;
-            the CPU path for small ``nn.GRU`` batches, ``B * H <= 4096``, where
+            the CPU path for ``nn.GRU`` batches of ``B <= 32`` or ``B * H <= 4096``, where
             PyTorch's own CPU backward runs op by op, and for ``nn.LSTM`` with
             resets on most steps; no double backward, no ``torch.func``: a
             RuntimeError names the fix),
@@ -72,7 +72,7 @@ def rnn_with_resets(
             :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else ``loop``
             under a ``torch.func`` transform, else
             ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
-            ``nn.GRU`` with ``B * H <= 4096`` and for an ``nn.LSTM`` without
+            ``nn.GRU`` with ``B <= 32`` or ``B * H <= 4096`` and for an ``nn.LSTM`` without
             ``proj_size`` whose resets split the chunk into more than one
             segment per 4 steps, else ``loop``). Default ``"auto"``.
 

@@ -141,7 +141,7 @@ class _GRULayer(torch.autograd.Function):
                 torch.addmm(b_hh, h, w_hh_t, out=gh_t[t])
             torch.sigmoid(torch.add(gi_rz[t], gh_rz[t], out=rz_t[t]), out=rz_t[t])  # r, z
             torch.tanh(torch.addcmul(gi_n[t], r[t], gh_n_t[t], out=n_t[t]), out=n_t[t])  # n = tanh(gi_n + r gh_n)
-            h = torch.sub(h, n_t[t], out=y_t[t]).mul_(z[t]).add_(n_t[t])  # (1 - z) n + z h
+            h = torch.lerp(n_t[t], h, z[t], out=y_t[t])  # (1 - z) n + z h
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             hp = _states_before(h0, y, mask, reset_value)
             ctx.save_for_backward(x, reset, hp, rz, n, gh_n, w_ih, w_hh)
