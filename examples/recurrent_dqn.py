@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import re
 import time
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -123,6 +123,13 @@ class Config(RunConfig):
     """SoftUpdate rate of the target network, in (0, 1]"""
     hard_update: int = 0
     """gradient steps between HardUpdate copies of the target network; 0: SoftUpdate with --tau"""
+    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+        "initial_state": ("replay", ("sequence", "slice"), " (stream chunks start from the carried state)"),
+        "stream_groups": ("replay", ("streams",), ""),
+        "overlap": ("replay", ("streams",), " (sequence windows burn in with --burn-in)"),
+        "burn_in": ("replay", ("sequence",), ""),
+    }
+
     def __post_init__(self) -> None:
         self.check()
         if not self.name:
@@ -149,18 +156,9 @@ class Config(RunConfig):
         if self.buffer_size % self.num_envs:
             raise ValueError(f"--buffer-size ({self.buffer_size}) must be a multiple of --num-envs "
                              f"({self.num_envs}): the sequence and slice storages hold [time, env].")
-        if self.replay == "streams" and self.initial_state != "stored":
-            raise ValueError("--initial-state applies to --replay sequence / slice; stream chunks "
-                             "start from the carried state.")
-        if self.replay != "streams" and self.stream_groups != Config.stream_groups:
-            raise ValueError("--stream-groups applies to --replay streams only.")
-        if self.replay != "streams" and self.overlap != Config.overlap:
-            raise ValueError("--overlap applies to --replay streams only (sequence windows burn in with --burn-in).")
         if self.overlap >= self.seq_len:
             raise ValueError(f"--overlap ({self.overlap}) must be below --seq-len ({self.seq_len}): the carry is "
                              "taken before a chunk's last --overlap steps, after at least one learned step.")
-        if self.replay != "sequence" and self.burn_in != Config.burn_in:
-            raise ValueError("--burn-in applies to --replay sequence only.")
         if self.buffer_size < self.frames_per_batch:
             raise ValueError(f"--buffer-size ({self.buffer_size}) must hold a collector batch "
                              f"(--num-envs x --collect-len = {self.frames_per_batch} frames).")

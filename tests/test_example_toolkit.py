@@ -39,7 +39,12 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"advantage_std_floor": -0.1}, "--advantage-std-floor must be >= 0.0"),
     ({"obs_norm_until": 0.0}, "--obs-norm-until must be in (0.0, 1.0]"),
     ({"obs_norm_until": 1.5}, "--obs-norm-until must be in (0.0, 1.0]"),
-    ({"obs_norm_until": 0.5, "obs_norm": False}, "--no-obs-norm turns off: drop one of the two"),
+    ({"obs_norm_until": 0.5, "obs_norm": False}, "--obs-norm-until applies to --obs-norm only"),
+    ({"batching": "streams", "boundary_mode": "mask"}, "--boundary-mode applies to --batching windows only"),
+    ({"batching": "streams", "window": 16}, "--window applies to --batching windows only"),
+    ({"batching": "streams", "minibatches": 2}, "--minibatches applies to --batching windows only"),
+    ({"seq_len": 16}, "--seq-len applies to --batching streams only: drop --seq-len or change --batching."),
+    ({"num_streams": 4}, "--num-streams applies to --batching streams only"),
     ({"window": 64, "rollout_len": 16}, "--window 64 is longer than --rollout-len 16"),
     ({"rollout_len": 40}, "leave 8 of every 40 steps per env in no window"),
     ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),
@@ -68,6 +73,25 @@ def test_standardized_advantages_by_hand():
 def test_the_defaults_and_the_documented_variants_pass():
     for cfg in (Config(), Config(batching="streams"), Config(rollout_len=40, stride=8), Config(env="Pendulum-v1")):
         cfg.check()
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (["--batching", "streams", "--window", "32"], "--window"),  # the default value, given: the run would ignore it
+    (["--batching", "streams", "--boundary-mode=reset_continue"], "--boundary-mode"),
+    (["--seq_len", "32"], "--seq-len"),  # windows batching: the stream options do not apply
+    (["--no-obs-norm", "--obs-norm-until", "0.4"], "--obs-norm-until"),
+])
+def test_an_option_the_run_would_ignore_is_refused_even_at_its_default(argv, refused, capsys):
+    with pytest.raises(SystemExit) as err:
+        options.cli(Config, "", argv)
+    assert err.value.code == 2 and f"{refused} applies to" in capsys.readouterr().err
+    # the same values left out run
+    options.cli(Config, "", [arg for arg in argv if arg.startswith(("--batching", "streams", "--no-obs-norm"))])
+
+
+def test_given_fields_reads_every_spelling_of_a_flag():
+    argv = ["--seq-len", "16", "--num_streams=4", "--no-obs-norm", "--anneal-lr", "streams", "--nope", "-h"]
+    assert options.given_fields(Config, argv) == {"seq_len", "num_streams", "obs_norm", "anneal_lr"}
 
 
 def test_the_old_chunk_len_flag_still_works_with_a_warning():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from . import options
 
@@ -68,8 +68,13 @@ class RunConfig:
             return 450.0 if self.env == "CartPole-v1" else None
         return float(self.target_return)
 
+    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {}
+    """Options that apply only to some runs: field -> (the field it depends on, its values where the
+    option applies, a note for the refusal); see ``options.applicable``."""
+
     def check_run(self) -> None:
         """The shared options against their meaning; a ValueError (TypeError) names the flag and the fix."""
+        options.applicable(self)
         for name, low in {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
                           "return_window": 1}.items():
             options.integer(name, getattr(self, name), low)
@@ -141,6 +146,13 @@ class Config(RunConfig):
     """streams only: B, streams per chunk"""
     seq_len: int = 32
     """streams only: T, steps per chunk (was --chunk-len)"""
+    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+        "obs_norm_until": ("obs_norm", (True,), " (it freezes the observation statistics)"),
+        "boundary_mode": ("batching", ("windows",), " (stream chunks carry the state)"),
+        **{name: ("batching", ("windows",), "") for name in ("window", "stride", "minibatches")},
+        **{name: ("batching", ("streams",), "") for name in ("num_streams", "seq_len")},
+    }
+
     def __post_init__(self) -> None:
         if not self.name:
             self.name = self.default_name()
@@ -161,15 +173,10 @@ class Config(RunConfig):
         options.real("lr", self.lr, 0.0, open_low=True)
         options.real("clip_epsilon", self.clip_epsilon, 0.0, 1.0, open_low=True)
         options.real("obs_norm_until", self.obs_norm_until, 0.0, 1.0, open_low=True)
-        if not self.obs_norm and self.obs_norm_until != type(self).obs_norm_until:
-            raise ValueError(f"--obs-norm-until {self.obs_norm_until} freezes the observation statistics, which "
-                             "--no-obs-norm turns off: drop one of the two")
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
         for name in ("entropy_coeff", "critic_coeff", "advantage_std_floor"):
             options.real(name, getattr(self, name), 0.0)
         if self.batching == "streams":
-            if self.boundary_mode != "reset_continue":
-                raise ValueError("--boundary-mode applies to --batching windows only; stream chunks carry the state")
             return
         if self.window > self.rollout_len:
             raise ValueError(f"--window {self.window} is longer than --rollout-len {self.rollout_len}: "

@@ -10,9 +10,10 @@ and a refused command line exits with status 2 before anything is written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -122,7 +123,36 @@ def cli(config: type, description: str, argv: Sequence[str] | None = None, renam
             argv[i] = renamed[old] + eq + value
     cfg = tyro.cli(config, args=argv, description=description)
     or_fail(cfg.check)
+    or_fail(applicable, cfg, given_fields(config, argv))
     return cfg
+
+
+def given_fields(config: type, argv: Sequence[str]) -> set[str]:
+    """The fields of the dataclass ``config`` that ``argv`` sets (``--a-b v``, ``--a-b=v``, ``--a_b``,
+    and a boolean's ``--a-b`` / ``--no-a-b``)."""
+    fields = {field.name for field in dataclasses.fields(config)}
+    given = set()
+    for arg in argv:
+        name = arg[2:].partition("=")[0].replace("-", "_") if arg.startswith("--") else ""
+        if name not in fields and name.startswith("no_"):
+            name = name[3:]
+        if name in fields:
+            given.add(name)
+    return given
+
+
+def applicable(cfg, given: Collection[str] | None = None) -> None:
+    """Refuses an option that the run would ignore: ``type(cfg).APPLIES`` maps a field to ``(owner,
+    values, note)``, the field applying only while field ``owner`` is one of ``values``. Such an
+    option is refused where ``given`` names it (the fields a command line sets: a value equal to
+    the default is still refused) or, with ``given=None`` (a Config built in code), where it
+    differs from its default. A ValueError names both flags and the fix."""
+    for name, (owner, values, note) in getattr(type(cfg), "APPLIES", {}).items():
+        if getattr(cfg, owner) in values:
+            continue
+        if name in given if given is not None else getattr(cfg, name) != getattr(type(cfg), name):
+            where = flag(owner) if values == (True,) else f"{flag(owner)} {' / '.join(values)}"
+            raise ValueError(f"{flag(name)} applies to {where} only{note}: drop {flag(name)} or change {flag(owner)}.")
 
 
 def or_fail(check: Callable, *args):

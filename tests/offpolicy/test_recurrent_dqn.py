@@ -58,6 +58,10 @@ def test_settings_that_lose_the_run_are_refused(options, match):
     (["--env", "Pendulum-v1", "--keep", "all"], "one of n actions"),  # Box actions
     (["--env", "popgym:popgym-BattleshipEasy-v0"], "one of n actions"),  # MultiDiscrete actions
     (["--keep", "0,7"], "--keep 0,7"),  # CartPole has 4 entries
+    # options the recipe would ignore, refused even at their default values
+    (["--replay", "slice", "--burn-in", "10"], "--burn-in applies to --replay sequence only"),
+    (["--stream-groups", "1", "--replay", "sequence"], "--stream-groups applies to --replay streams only"),
+    (["--initial-state", "stored"], "--initial-state applies to --replay sequence / slice only"),
 ])
 def test_command_lines_refused_before_a_run(argv, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
