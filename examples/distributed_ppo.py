@@ -49,7 +49,7 @@ import re
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.distributed as dist
@@ -96,6 +96,8 @@ class DistConfig(Config):
     address: str = ""
     """ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local cluster on 127.0.0.1, without
     dashboard, for the run"""
+    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+        **Config.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)")}
 
     def default_name(self) -> str:
         env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)
@@ -116,9 +118,6 @@ class DistConfig(Config):
         if learners < 1 or self.workers < learners:
             raise ValueError(f"--workers ({self.workers}) must be at least --learners ({learners}) >= 1: "
                              "every learner needs an env worker")
-        if self.address and self.engine != "ray":
-            raise ValueError(f"--address {self.address!r} names a Ray cluster; add --engine ray "
-                             f"(got --engine {self.engine})")
         if self.engine == "ray" and importlib.util.find_spec("ray") is None:
             raise ValueError('--engine ray needs Ray: pip install -e ".[distributed]" (or use --engine local)')
         if self.engine == "ray" and torch.device(self.device).type != "cpu":

@@ -128,6 +128,7 @@ class Config(RunConfig):
         "stream_groups": ("replay", ("streams",), ""),
         "overlap": ("replay", ("streams",), " (sequence windows burn in with --burn-in)"),
         "burn_in": ("replay", ("sequence",), ""),
+        "tau": ("hard_update", (0,), " (above 0, HardUpdate copies the weights every --hard-update steps)"),
     }
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -77,6 +77,11 @@ class Config(MainConfig):
     """ResetManager: demo steps the maximum moves forward when success collapses"""
     margin: float = -1.0
     """score an episode may trail the demo and still succeed, >= 0; -1: the task's default (20 steps)"""
+    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+        **MainConfig.APPLIES,
+        **{name: ("curriculum", (True,), " (the curriculum's ResetManager and success rule)")
+           for name in ("spread", "move_threshold", "nudge", "margin")},
+    }
     gamma: float = 0.99
     """discount, in [0, 1]"""
     lmbda: float = 0.95

@@ -149,8 +149,15 @@ def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
 
 
 def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
-    message = refusal("distributed_ppo.py", "--address", "auto")
-    assert "--address 'auto' names a Ray cluster; add --engine ray" in message
+    for address in ("auto", ""):  # "" is the default, given: still an option the run would ignore
+        message = refusal("distributed_ppo.py", "--address", address)
+        assert "--address applies to --engine ray only (it names the Ray cluster to join)" in message
+
+
+def test_reverse_curriculum_refuses_the_curriculums_options_without_it():
+    for name, value in (("--spread", "8"), ("--nudge", "4"), ("--move-threshold", "0.1"), ("--margin", "3")):
+        message = refusal("reverse_curriculum.py", "--no-curriculum", name, value)
+        assert f"{name} applies to --curriculum only (the curriculum's ResetManager" in message
 
 
 def test_distributed_ppo_help_offers_no_windows_only_flag():

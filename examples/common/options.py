@@ -151,7 +151,7 @@ def applicable(cfg, given: Collection[str] | None = None) -> None:
         if getattr(cfg, owner) in values:
             continue
         if name in given if given is not None else getattr(cfg, name) != getattr(type(cfg), name):
-            where = flag(owner) if values == (True,) else f"{flag(owner)} {' / '.join(values)}"
+            where = flag(owner) if values == (True,) else f"{flag(owner)} {' / '.join(map(str, values))}"
             raise ValueError(f"{flag(name)} applies to {where} only{note}: drop {flag(name)} or change {flag(owner)}.")
 
 

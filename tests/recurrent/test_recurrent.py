@@ -301,6 +301,8 @@ def test_auto_picks_scan_for_linear_recurrences_fused_for_small_gru_batches_and_
     assert recurrent._pick_backend(nn.LSTM(F, H), device, sparse) == "loop"
     assert recurrent._pick_backend(nn.LSTM(F, H, proj_size=2), device, dense) == "loop"  # not fusable
     assert recurrent._pick_backend(nn.GRU(F, H), torch.device("cuda"), dense) == "packed"
+    assert recurrent._pick_backend(nn.GRU(F, 64), torch.device("meta"), flags(8)) == "loop"  # measured on CPU only
+    assert recurrent._pick_backend(nn.LSTM(F, H), torch.device("meta"), dense) == "loop"
     assert recurrent._pick_backend(make_rnn("pair"), device, dense) == "scan"
     assert recurrent._pick_backend(make_rnn("rssm"), device, dense) == "loop"
 

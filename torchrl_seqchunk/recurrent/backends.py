@@ -258,6 +258,8 @@ def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> 
         return "loop"
     if isinstance(rnn, (nn.GRU, nn.LSTM)) and device.type == "cuda":
         return "packed"
+    if device.type != "cpu":  # the picks below were measured on CPU; elsewhere the native cells
+        return "loop"
     # small CPU batches: PyTorch's own GRU backward runs op by op, the fused one batches it
     rows = reset.shape[0]
     if isinstance(rnn, nn.GRU) and (rows <= _FUSED_GRU_MAX_ROWS or rows * rnn.hidden_size <= _FUSED_GRU_MAX_WIDTH):

@@ -71,10 +71,11 @@ def rnn_with_resets(
             and ``b`` ``[B, T]`` structured like the state, such as
             :class:`MinGRUCell`) or ``"auto"`` (``scan`` if possible, else ``loop``
             under a ``torch.func`` transform, else
-            ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else ``fused`` for
+            ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else on CPU ``fused`` for
             ``nn.GRU`` with ``B <= 32`` or ``B * H <= 4096`` and for an ``nn.LSTM`` without
             ``proj_size`` whose resets split the chunk into more than one
-            segment per 4 steps, else ``loop``). Default ``"auto"``.
+            segment per 4 steps, else ``loop``; a gradient penalty through such a
+            ``fused`` pick raises the RuntimeError above: pass ``loop``). Default ``"auto"``.
 
     Returns:
         ``(y, h_last)``: ``y`` is ``[B, T, H_out]`` (a TensorDict ``[B, T]`` of
