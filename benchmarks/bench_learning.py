@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import functools
-import typing
 import statistics
 import tempfile
 import time
@@ -44,7 +42,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import config_options, load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import MaskObservation
@@ -65,28 +63,6 @@ def run_ours(seed: int, frames: int, **options) -> list[dict]:
         cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False, **options)
         rows = job.main(cfg)  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
-
-
-def recipe(text: str) -> dict:
-    """``--options`` ``"name=value,..."``: fields of the main job's Config, each converted to the
-    field's type and checked as the main job checks it; a ValueError names the item and the fix."""
-    job = load_main_job()
-    fields, hints = {f.name: f for f in dataclasses.fields(job.Config)}, typing.get_type_hints(job.Config)
-    chosen = {}
-    for item in filter(None, text.split(",")):
-        name, _, value = item.partition("=")
-        if name not in fields or name in SET_HERE or not value:
-            raise ValueError(f"--options {item!r}: give name=value, name a field of the main job's Config that the "
-                             f"benchmark does not set itself ({', '.join(SET_HERE)}), e.g. gamma=0.98")
-        kind, choices = type(fields[name].default), typing.get_args(hints[name])
-        try:
-            chosen[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
-        except (KeyError, ValueError):
-            raise ValueError(f"--options {item!r}: {name} takes a {kind.__name__}") from None
-        if typing.get_origin(hints[name]) is typing.Literal and value not in choices:
-            raise ValueError(f"--options {item!r}: {name} is one of {choices}")
-    job.Config(**chosen).check()
-    return chosen
 
 
 def train_sb3(model, frames: int) -> list[dict]:
@@ -209,7 +185,7 @@ def check_sides(args) -> None:
     if args.sides[0] != "ours" or len(args.sides) < 2:
         raise ValueError(f"--sides {','.join(args.sides)}: give ours first and at least one side to compare "
                          "it with, e.g. --sides ours,defaults")
-    args.options = recipe(args.options)
+    args.options = config_options(load_main_job().Config, args.options, SET_HERE)
     args.stop_at_target = options.names("stop_at_target", args.stop_at_target, args.sides) if args.stop_at_target else []
     if "sb3" in args.stop_at_target:
         raise ValueError("--stop-at-target: sb3's runs go to --frames; name sides of the main job only")

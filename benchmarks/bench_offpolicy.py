@@ -1,7 +1,7 @@
 """Recurrent off-policy recipes side by side: stream chunks against TorchRL's own sequence replay.
 
 Every run is ``examples/recurrent_dqn.py`` (double DQN, 3-step targets, a target
-network, per-env epsilon-greedy, its defaults otherwise) with only ``--replay``,
+network, per-env epsilon-greedy, its defaults or the same ``--options`` otherwise) with only ``--replay``,
 ``--initial-state``, ``--stream-groups`` and ``--overlap`` changed, so the recipes see equal
 env frames and equal gradient steps (the same replay ratio of ``B * T`` learned steps per frame):
 
@@ -36,11 +36,14 @@ one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task
 (median over seeds; only where both medians are positive, else the difference), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
 ``grad_steps_per_s_streams_vs_sequence_burnin<k>``, ``collect_fps_vector_vs_collector``.
 
-``--from-runs`` compares the runs of earlier grids instead (their ``offpolicy.csv``: a grid
-run in parts, or seed sets run apart, pooled over the seeds where every recipe ran).
+``--options`` sets fields of the example's Config for every recipe (another replay ratio, say);
+a grid records them in ``offpolicy.csv``. ``--from-runs`` compares the runs of earlier grids
+instead (their ``offpolicy.csv``: a grid run in parts, or seed sets run apart, pooled over the
+seeds where every recipe ran, all made with the ``--options`` given).
 
     python benchmarks/bench_offpolicy.py --tasks cartpole --seeds 1,2,3 --frames 12000
     python benchmarks/bench_offpolicy.py --speed-only
+    python benchmarks/bench_offpolicy.py --options replay_ratio=4 --seeds 36,37,38,39,40 --no-speed
     python benchmarks/bench_offpolicy.py --from-runs runs/part1,runs/part2 --out runs/pooled
 """
 from __future__ import annotations
@@ -61,7 +64,7 @@ from bench_learning import plot_runs  # benchmarks/bench_learning.py
 from bench_memory import cell_summary  # benchmarks/bench_memory.py
 from tqdm import tqdm
 
-from toolkit import options  # benchmarks/toolkit.py: puts examples/ on the path
+from toolkit import config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
 
 import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
 
@@ -70,6 +73,8 @@ RECIPES = {  # name: the example's options
     "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
     "streams-overlap10": dict(replay="streams", overlap=10),
 }
+SET_HERE = ("env", "seed", "total_frames", "runs_dir", "name", "progress", *dict.fromkeys(k for r in RECIPES.values() for k in r))
+"""The example's fields the grid sets itself (not ``--options``)."""
 KEY = ("task", "recipe", "seed")  # of a run, in the CSVs
 EXTRA = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")  # the example's columns a summary reads
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
@@ -83,7 +88,7 @@ TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie i
 def run(task: str, recipe: str, seed: int, args) -> list[dict]:
     with tempfile.TemporaryDirectory() as runs:
         cfg = recurrent_dqn.Config(env=TASKS[task][0], seed=seed, total_frames=args.frames, runs_dir=runs,
-                                   name="cell", progress=False, **RECIPES[recipe])
+                                   name="cell", progress=False, **RECIPES[recipe], **args.options)
         return recurrent_dqn.main(cfg)
 
 
@@ -96,11 +101,19 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
             "recurrent_steps_per_grad_step": last["recurrent_steps_per_grad_step"]}
 
 
-def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: int) -> tuple[dict, list[int], list[int]]:
+def options_text(chosen: dict) -> str:
+    """``--options`` as a grid records it in ``offpolicy.csv`` (its column ``options``): ``"name=value,..."``
+    sorted by name, ``""`` for the example's defaults."""
+    return ",".join(f"{name}={value}" for name, value in sorted(chosen.items()))
+
+
+def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: int,
+              chosen: dict) -> tuple[dict, list[int], list[int]]:
     """The runs of earlier grids (each folder's ``offpolicy.csv``), ``{(task, recipe): {seed: rows}}``,
     the seeds where every task and recipe asked for ran, and the seeds left out (some run
     missing). A ValueError names the folder and what is wrong: no such file, a column missing,
-    a run found twice (in two folders, or twice in one: its frames not increasing), no seed in
+    a run found twice (in two folders, or twice in one: its frames not increasing), a run made
+    with other ``--options`` than ``chosen`` (a file without the column: the defaults), no seed in
     common, or a run pooled that did not end where a grid of ``frames`` (``--frames``) ends."""
     runs: dict = {}
     needed = (*KEY, "frames", "return_mean", *EXTRA)
@@ -117,6 +130,10 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
                                  "script wrote?).")
             for row in reader:
                 key = (row["task"], row["recipe"], int(row["seed"]))
+                if row.get("options", "") != options_text(chosen):
+                    raise ValueError(f"--from-runs {folder}: the run {key} was made with --options "
+                                     f"{row.get('options', '')!r}, not {options_text(chosen)!r}: pool runs of one "
+                                     "setting, and give it as --options.")
                 rows = found.setdefault(key, [])
                 rows.append({k: float(row[k]) for k in needed[len(KEY):]})
                 if len(rows) > 1 and rows[-1]["frames"] <= rows[-2]["frames"]:
@@ -131,7 +148,8 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
     if not seeds:
         raise ValueError(f"--from-runs: no seed has a run of every task {tasks} and recipe {recipes}; "
                          "name the tasks and recipes the folders hold (--tasks, --recipes).")
-    planned = recurrent_dqn.Config(total_frames=frames, learning_starts=0, progress=False).planned_frames  # whole batches
+    planned = recurrent_dqn.Config(total_frames=frames, progress=False,
+                                   **{**chosen, "learning_starts": 0}).planned_frames  # whole batches
     for (task, recipe, seed) in itertools.product(tasks, recipes, sorted(seeds)):
         end = runs[(task, recipe)][seed][-1]["frames"]
         if end != planned:
@@ -142,7 +160,7 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
 
 def speed(args) -> dict[int, float]:
     """Gradient steps per second, streams over sequence, per burn-in, interleaved A/B."""
-    base = dict(seed=0, progress=False, total_frames=args.speed_frames, learning_starts=0)  # built, never run
+    base = dict(seed=0, progress=False, total_frames=args.speed_frames, **{**args.options, "learning_starts": 0})  # built, never run
     buffers, losses = {}, {}
     first = recurrent_dqn.Config(**base)
     qnet, rnn, policy = recurrent_dqn.make_qnet(first, recurrent_dqn.envs.make_env(first))
@@ -306,9 +324,12 @@ def main() -> None:
     parser.add_argument("--from-runs", default="", help="comma-separated --out folders of earlier grids: compare "
                         "their runs (offpolicy.csv; over the seeds where every task and recipe ran, --frames their "
                         "budget) instead of running a grid; no speed comparisons, no --seeds")
+    parser.add_argument("--options", default="", help="fields of the example's Config set for every recipe, e.g. "
+                        "replay_ratio=4,lr=1e-4 (recorded in offpolicy.csv; with --from-runs, the runs' own)")
 
     def check(args) -> None:
         options.names("tasks", args.tasks, tuple(TASKS))
+        args.options = config_options(recurrent_dqn.Config, args.options, SET_HERE)
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.from_runs:
@@ -316,12 +337,12 @@ def main() -> None:
                 raise ValueError("--from-runs compares the runs of earlier grids, over the seeds every task and "
                                  "recipe ran: not with --speed-only or --seeds.")
             args.runs, args.seeds, args.left_out = read_runs(args.from_runs.split(","), args.tasks.split(","),
-                                                             args.recipes.split(","), args.frames)
+                                                             args.recipes.split(","), args.frames, args.options)
         else:
             args.seeds = options.int_list("seeds", getattr(args, "seeds", "1,2,3,4,5"), 0)
             for recipe in args.recipes.split(","):  # the example's own checks, before any run
                 try:
-                    recurrent_dqn.Config(total_frames=args.frames, progress=False, **RECIPES[recipe])
+                    recurrent_dqn.Config(total_frames=args.frames, progress=False, **RECIPES[recipe], **args.options)
                 except ValueError as err:
                     raise ValueError(f"--frames {args.frames} ({recipe}): {err}") from None
 
@@ -345,11 +366,11 @@ def run_grid(tasks: list[str], recipes: list[str], seeds: list[int], args, out: 
     runs: dict = {}
     grid = [(task, seed, recipe) for task in tasks for seed in seeds for recipe in recipes]
     with open(out / "offpolicy.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*KEY, "frames", "wall_s", "return_mean", *EXTRA])
+        writer = csv.DictWriter(f, fieldnames=[*KEY, "frames", "wall_s", "return_mean", *EXTRA, "options"])
         writer.writeheader()
         for task, seed, recipe in tqdm(grid, desc="grid"):
             rows = run(task, recipe, seed, args)
-            writer.writerows({"task": task, "recipe": recipe, "seed": seed,
+            writer.writerows({"task": task, "recipe": recipe, "seed": seed, "options": options_text(args.options),
                               **{k: r[k] for k in ("frames", "wall_s", "return_mean", *EXTRA)}} for r in rows)
             f.flush()
             runs.setdefault((task, recipe), {})[seed] = rows
@@ -369,7 +390,8 @@ def report(runs: dict, tasks: list[str], recipes: list[str], seeds: list[int], a
     source = f", runs of {args.from_runs}" if args.from_runs else ""
     if args.from_runs and args.left_out:
         source += f" (seeds left out, a task or recipe missing: {args.left_out})"
-    lines = [f"{args.frames} frames per run{source}, seeds {seeds}", "",
+    setting = f", --options {options_text(args.options)}" if args.options else ""
+    lines = [f"{args.frames} frames per run{setting}{source}, seeds {seeds}", "",
              *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

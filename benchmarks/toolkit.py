@@ -6,8 +6,10 @@ The one place where a benchmark finds ``examples/`` (an example finds it by bein
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
+import typing
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -16,7 +18,7 @@ if str(EXAMPLES) not in sys.path:
 
 from common import options  # noqa: E402  examples/common/options.py
 
-__all__ = ["EXAMPLES", "load_main_job", "options"]
+__all__ = ["EXAMPLES", "config_options", "load_main_job", "options"]
 
 
 def load_main_job():
@@ -28,3 +30,25 @@ def load_main_job():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
+    """``--options`` ``"name=value,..."``: fields of the example's Config dataclass ``config``, each
+    converted to the field's type and checked as the example checks it (``config(**chosen).check()``);
+    ``set_here``: the fields the benchmark sets itself. A ValueError names the item and the fix."""
+    fields, hints = {f.name: f for f in dataclasses.fields(config)}, typing.get_type_hints(config)
+    chosen = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in fields or name in set_here or not value:
+            raise ValueError(f"--options {item!r}: give name=value, name a field of the example's Config that the "
+                             f"benchmark does not set itself ({', '.join(set_here)}), e.g. gamma=0.98")
+        kind, choices = type(fields[name].default), typing.get_args(hints[name])
+        try:
+            chosen[name] = {"true": True, "false": False}[value.lower()] if kind is bool else kind(value)
+        except (KeyError, ValueError):
+            raise ValueError(f"--options {item!r}: {name} takes a {kind.__name__}") from None
+        if typing.get_origin(hints[name]) is typing.Literal and value not in choices:
+            raise ValueError(f"--options {item!r}: {name} is one of {choices}")
+    config(**chosen).check()
+    return chosen

@@ -51,6 +51,10 @@ def test_options_are_checked_before_anything_runs(tmp_path):
     assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
     result = command("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
     assert result.returncode == 2 and "--frames 640 (streams): --learning-starts 2000" in result.stderr
+    result = command("--options", "replay=slice", "--out", str(tmp_path / "x"))  # the recipes set it
+    assert result.returncode == 2 and "'replay=slice': give name=value" in result.stderr
+    result = command("--options", "replay_ratio=0", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "--replay-ratio must be > 0.0" in result.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -65,12 +69,15 @@ def test_tiny_speed_run_prints_its_ratios(tmp_path):
     assert all(float(line.split()[2]) > 0 for line in ratios)
 
 
-def write_runs(folder: Path, mmers: dict) -> None:
-    """An offpolicy.csv as a grid writes it: two rows per run, its MMER first, half of it last."""
+def write_runs(folder: Path, mmers: dict, options: str | None = None) -> None:
+    """An offpolicy.csv as a grid writes it: two rows per run, its MMER first, half of it last;
+    ``options``: its column ``options`` (None: a file of a grid from before the column)."""
     folder.mkdir()
-    lines = ["task,recipe,seed,frames,wall_s,return_mean,grad_steps,learn_s,recurrent_steps_per_grad_step"]
+    column, value = ("", "") if options is None else (",options", f',"{options}"')
+    lines = ["task,recipe,seed,frames,wall_s,return_mean,grad_steps,learn_s,recurrent_steps_per_grad_step" + column]
     for (recipe, seed), mmer in mmers.items():
-        lines += [f"cartpole,{recipe},{seed},128,1.0,{mmer},10,1.0,673", f"cartpole,{recipe},{seed},256,2.0,{mmer / 2},20,2.0,673"]
+        lines += [f"cartpole,{recipe},{seed},128,1.0,{mmer},10,1.0,673{value}",
+                  f"cartpole,{recipe},{seed},256,2.0,{mmer / 2},20,2.0,673{value}"]
     (folder / "offpolicy.csv").write_text("\n".join(lines) + "\n")
 
 
@@ -94,6 +101,9 @@ def test_from_runs_pools_earlier_grids_over_the_seeds_every_recipe_ran(tmp_path)
     (tmp_path / "twice").mkdir()  # one run written twice into one file: its frames restart
     (tmp_path / "twice" / "offpolicy.csv").write_text((tmp_path / "a" / "offpolicy.csv").read_text() + "\n".join(
         (tmp_path / "a" / "offpolicy.csv").read_text().splitlines()[1:3]) + "\n")
+    write_runs(tmp_path / "rr4", {("streams", 1): 1.0}, options="lr=0.001,replay_ratio=4.0")
+    assert bench_offpolicy.read_runs([str(tmp_path / "rr4")], ["cartpole"], ["streams"], 256,
+                                     {"replay_ratio": 4.0, "lr": 1e-3})[1] == [1]
     (tmp_path / "nocolumn").mkdir()
     (tmp_path / "nocolumn" / "offpolicy.csv").write_text("task,recipe,seed,frames\ncartpole,streams,1,128\n")
     for folders, recipes, frames, match in [
@@ -102,9 +112,12 @@ def test_from_runs_pools_earlier_grids_over_the_seeds_every_recipe_ran(tmp_path)
             (["a"], ["streams", "slice"], 256, "no seed has a run of every task"),
             (["twice"], ["streams", "sequence"], 256, "restarts at 128 frames: two runs under one key"),
             (["nocolumn"], ["streams"], 256, "has no column ['return_mean', 'grad_steps'"),
-            (["a"], ["streams", "sequence"], 100_000, "ends at 256 frames, a grid of --frames 100000 at 100096")]:
+            (["a"], ["streams", "sequence"], 100_000, "ends at 256 frames, a grid of --frames 100000 at 100096"),
+            (["a", "rr4"], ["streams"], 256, "made with --options 'lr=0.001,replay_ratio=4.0', not ''")]:
         with pytest.raises(ValueError, match=re.escape(match)):
-            bench_offpolicy.read_runs([str(tmp_path / f) for f in folders], ["cartpole"], recipes, frames)
+            bench_offpolicy.read_runs([str(tmp_path / f) for f in folders], ["cartpole"], recipes, frames, {})
+    with pytest.raises(ValueError, match=re.escape("made with --options '', not 'replay_ratio=4.0'")):
+        bench_offpolicy.read_runs([str(tmp_path / "a")], ["cartpole"], ["streams"], 256, {"replay_ratio": 4.0})
     for flag in (("--seeds", "1,2,3,4,5"), ("--speed-only",)):  # refused even at its default
         result = command("--from-runs", str(tmp_path / "a"), *flag, *base, "--out", str(tmp_path / "x"))
         assert result.returncode == 2 and "not with --speed-only or --seeds" in result.stderr
