@@ -939,9 +939,9 @@ def test_fused_matches_loop_without_bias_and_with_dropout(cell):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
-def test_fused_lstm_resets_clear_non_finite_states_and_refuses_double_backward():
+def test_fused_lstm_resets_clear_non_finite_states():
     """A reset to zeros replaces a NaN or inf state (as the loop backend does), also inside
-    the chunk; the fused backward is not differentiable and says so."""
+    the chunk."""
     rnn = nn.LSTM(F, H, batch_first=True)
     x = torch.randn(3, T, F)
     x[1, 1] = float("nan")  # row 1 is poisoned from step 1 until its reset at step 3
@@ -953,10 +953,30 @@ def test_fused_lstm_resets_clear_non_finite_states_and_refuses_double_backward()
     y_ref, _ = rnn_with_resets(rnn, x, is_first, h0, backend="loop")
     assert y[1, 1:3].isnan().all() and y[1, 3:].isfinite().all() and y[2].isfinite().all()
     torch.testing.assert_close(y[1, 3:], y_ref[1, 3:])
-    x = torch.randn(2, T, F, requires_grad=True)
-    y, _ = rnn_with_resets(rnn, x, torch.zeros(2, T, dtype=torch.bool), backend="fused")
-    with pytest.raises(RuntimeError, match="backend='loop'"):
-        torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("stored", [False, True])
+def test_fused_double_backward_matches_the_loop_backend(cell, stored):
+    """A gradient penalty through the fused layers (create_graph=True): the gradients and the
+    penalty's gradients of the loop backend (native cells, differentiated twice by autograd),
+    in float64, with resets inside the chunk and two layers, to zeros or to a stored memory."""
+    rnn = cell(F, H, num_layers=2, batch_first=True).double()
+    x, is_first = torch.randn(B, T, F, dtype=torch.float64, requires_grad=True), random_flags()
+    entries = 2 if cell is nn.LSTM else 1
+    memory = tuple(torch.randn(B, T, 2, H, dtype=torch.float64, requires_grad=True) for _ in range(entries))
+    reset_state = (memory if cell is nn.LSTM else memory[0]) if stored else None
+    inputs = [x, *rnn.parameters(), *(memory if stored else ())]
+    results = []
+    for backend in ("loop", "fused"):
+        y, h_last = rnn_with_resets(rnn, x, is_first, reset_state=reset_state, backend=backend)
+        h_last = h_last if isinstance(h_last, tuple) else (h_last,)
+        first = torch.autograd.grad(loss_of(y, h_last), inputs, create_graph=True)
+        penalty = sum((g * g).sum() for g in first)
+        results.append((*first, *torch.autograd.grad(penalty, inputs)))
+    assert any(g.abs().sum() > 0 for g in results[0][len(inputs):])  # the penalty does depend on them
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
 
 
 @pytest.mark.parametrize("backend", ["auto", "fused"])

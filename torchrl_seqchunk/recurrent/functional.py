@@ -63,7 +63,8 @@ def rnn_with_resets(
             autograd node per layer whose backward through time is written out;
             the CPU path for ``nn.GRU`` batches of ``B <= 32`` or ``B * H <= 4096``, where
             PyTorch's own CPU backward runs op by op, and for ``nn.LSTM`` with
-            resets on most steps; no double backward, no ``torch.func``: a
+            resets on most steps; a double backward replays the layer with
+            the native cells, at ``loop``'s cost; no ``torch.func``: a
             RuntimeError names the fix),
             ``"packed"`` (reset-free row segments in one packed native call; the
             GPU path, ``nn.GRU``/``nn.LSTM`` only), ``"scan"`` (parallel prefix
@@ -74,8 +75,7 @@ def rnn_with_resets(
             ``packed`` on CUDA for ``nn.GRU``/``nn.LSTM``, else on CPU ``fused`` for
             ``nn.GRU`` with ``B <= 32`` or ``B * H <= 4096`` and for an ``nn.LSTM`` without
             ``proj_size`` whose resets split the chunk into more than one
-            segment per 4 steps, else ``loop``; a gradient penalty through such a
-            ``fused`` pick raises the RuntimeError above: pass ``loop``). Default ``"auto"``.
+            segment per 4 steps, else ``loop``). Default ``"auto"``.
 
     Returns:
         ``(y, h_last)``: ``y`` is ``[B, T, H_out]`` (a TensorDict ``[B, T]`` of

@@ -10,10 +10,13 @@ per step) and forms each weight gradient in one product. A reset costs one selec
 that has one, in each direction; no gradient flows from a reset step into the state before
 it, and the gradient there goes to the reset value (the stored memory).
 
-Limits: the backward is not itself differentiable (``create_graph=True`` raises a
-RuntimeError naming ``backend='loop'``, as does a backward vectorized by ``vmap``,
-``is_grads_batched=True``), and the layers are classic autograd Functions, not usable under
-``torch.func`` transforms (``auto`` picks ``loop`` there; ``fused`` raises). Under autocast they run
+A double backward (``create_graph=True``: a gradient penalty, second-order meta-learning) gets
+gradients that are themselves differentiable: the backward then replays the layer step by step
+with the native cell (``torch.gru_cell`` / ``torch.lstm_cell``, as the ``loop`` backend steps)
+and differentiates that, at the ``loop`` backend's cost. Limits: a backward vectorized by ``vmap``
+(``is_grads_batched=True``) raises a RuntimeError naming ``backend='loop'``, and the layers are
+classic autograd Functions, not usable under ``torch.func`` transforms (``auto`` picks ``loop``
+there; ``fused`` raises). Under autocast they run
 in the weights' dtype (inputs cast to it), not in the lower precision.
 
 Equations: PyTorch's ``nn.GRU`` and ``nn.LSTM`` (gates r, z, n and i, f, g, o); gradients:
@@ -65,14 +68,8 @@ def _weight_grads(need, x, hp, d_gates, w_ih):
 
 
 def _refuse_unsupported_backward(*grads) -> None:
-    """The backward below is not differentiable: refuse ``create_graph=True`` (a gradient
-    penalty would otherwise see a constant gradient and add nothing, silently), and a backward
-    vectorized by ``vmap`` (``is_grads_batched=True``, ``jacobian(vectorize=True)``)."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "the fused backend's backward is not differentiable (create_graph=True, a "
-            "double backward or a gradient penalty): pass backend='loop'."
-        )
+    """Refuses a backward vectorized by ``vmap`` (``is_grads_batched=True``,
+    ``jacobian(vectorize=True)``): the layers' backward has no batching rule."""
     functorch = torch._C._functorch
     if functorch.peek_interpreter_stack() is not None or any(
             g is not None and functorch.is_legacy_batchedtensor(g) for g in grads):
@@ -106,6 +103,41 @@ def _own(tensor):
 
 def _zero_if_none(grad, like):
     return torch.zeros_like(like) if grad is None else grad
+
+
+def _gru_replay(x, reset, h0, reset_value, w_ih, w_hh, b_ih, b_hh):
+    """The GRU layer's outputs ``(y [B, T, H], h_last)`` stepped with ``torch.gru_cell``: differentiable twice."""
+    h, ys = h0, []
+    for t in range(x.shape[1]):
+        h = torch.gru_cell(x[:, t], _reset_step(h, reset[:, t, None], reset_value, t), w_ih, w_hh, b_ih, b_hh)
+        ys.append(h)
+    return torch.stack(ys, 1), h
+
+
+def _lstm_replay(x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh):
+    """The LSTM layer's outputs ``(y [B, T, H], h_last, c_last)`` stepped with ``torch.lstm_cell``."""
+    h, c, ys = h0, c0, []
+    for t in range(x.shape[1]):
+        mask = reset[:, t, None]
+        state = (_reset_step(h, mask, h_value, t), _reset_step(c, mask, c_value, t))
+        h, c = torch.lstm_cell(x[:, t], state, w_ih, w_hh, b_ih, b_hh)
+        ys.append(h)
+    return torch.stack(ys, 1), h, c
+
+
+def _replayed_grads(replay, inputs, need, output_grads):
+    """The gradients of a double backward (``create_graph=True``): ``replay(*inputs)`` differentiated
+    with ``create_graph=True``, so that they are differentiable in the inputs and in ``output_grads``."""
+    wanted = [i for i, (tensor, needed) in enumerate(zip(inputs, need)) if needed and tensor is not None]
+    with torch.enable_grad():
+        outputs = replay(*inputs)
+        found = torch.autograd.grad(outputs, [inputs[i] for i in wanted],
+                                    [_zero_if_none(g, out) for g, out in zip(output_grads, outputs)],
+                                    create_graph=True, allow_unused=True)
+    grads = [None] * len(inputs)
+    for i, grad in zip(wanted, found):
+        grads[i] = _zero_if_none(grad, inputs[i])
+    return tuple(grads)
 
 
 class _GRULayer(torch.autograd.Function):
@@ -144,14 +176,18 @@ class _GRULayer(torch.autograd.Function):
             h = torch.lerp(n_t[t], h, z[t], out=y_t[t])  # (1 - z) n + z h
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             hp = _states_before(h0, y, mask, reset_value)
-            ctx.save_for_backward(x, reset, hp, rz, n, gh_n, w_ih, w_hh)
+            # the inputs too, for a double backward's replay
+            ctx.save_for_backward(hp, rz, n, gh_n, x, reset, h0, reset_value, w_ih, w_hh, b_ih, b_hh)
             ctx.has_value = reset_value is not None
         return _own(y.transpose(0, 1)), _own(h)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
         _refuse_unsupported_backward(dy, dh_last)
-        x, reset, hp, rz, n, gh_n, w_ih, w_hh = ctx.saved_tensors
+        hp, rz, n, gh_n, *inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return _replayed_grads(_gru_replay, inputs, ctx.needs_input_grad, (dy, dh_last))
+        x, reset, _, _, w_ih, w_hh, _, _ = inputs
         time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
         # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n)
@@ -224,14 +260,18 @@ class _LSTMLayer(torch.autograd.Function):
             h = torch.mul(o_t[t], torch.tanh(c, out=tanh_c_t[t]), out=y_t[t])  # o tanh(c)
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             hp, cp = _states_before(h0, y, mask, h_value), _states_before(c0, c_after, mask, c_value)
-            ctx.save_for_backward(x, reset, hp, cp, act, g, tanh_c, w_ih, w_hh)
+            # the inputs too, for a double backward's replay
+            ctx.save_for_backward(hp, cp, act, g, tanh_c, x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh)
             ctx.has_value = h_value is not None
         return _own(y.transpose(0, 1)), _own(h), _own(c)
 
     @staticmethod
     def backward(ctx, dy, dh_last, dc_last):
         _refuse_unsupported_backward(dy, dh_last, dc_last)
-        x, reset, hp, cp, sig, g, tanh_c, w_ih, w_hh = ctx.saved_tensors
+        hp, cp, sig, g, tanh_c, *inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            return _replayed_grads(_lstm_replay, inputs, ctx.needs_input_grad, (dy, dh_last, dc_last))
+        x, reset, _, _, _, _, w_ih, w_hh, _, _ = inputs
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
         slope = sig - sig * sig  # sigmoid'(a) = s (1 - s), for i, f and o (the g slot unread)
