@@ -233,8 +233,10 @@ class ResetRNN(TensorDictModuleBase):
     # -- state helpers -------------------------------------------------------
     @property
     def _dtype(self) -> torch.dtype:
-        """The rnn's current parameter dtype (it follows ``module.double()`` and such)."""
-        return next(self.rnn.parameters(), torch.empty(0)).dtype
+        """The rnn's current parameter dtype (it follows ``module.double()`` and such); its own
+        first parameter where it has one (no walk over submodules: step mode reads it every step)."""
+        own = next((p for p in self.rnn._parameters.values() if p is not None), None)
+        return (own if own is not None else next(self.rnn.parameters(), torch.empty(0))).dtype
 
     def _get(self, tensordict: TensorDictBase, key, option: str) -> torch.Tensor:
         value = tensordict.get(key, None)
