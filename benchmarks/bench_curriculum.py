@@ -14,7 +14,7 @@ episodes (``--eval-sample``: actions drawn from the policy) from the env's own r
 (starting point 0, no curriculum). Reported per run:
 frames until the evaluation meets the task's target (MountainCar: mean return >= -110;
 MiniGrid: goal rate >= 0.9; a run that never does counts as the budget; ``--stop-at-target``
-ends our runs once they meet it with the maximum at 0) and, with the curriculum, frames
+ends each run once it meets it with the maximum at 0, sb3's too) and, with the curriculum, frames
 until the maximum starting point first reaches 0. Runs are paired by seed
 (the ratio per seed, its median; bench_boundary's paired statistics on the differences).
 
@@ -84,10 +84,11 @@ def run_sb3(seed: int, args) -> list[dict]:
     rows, every, start = [], args.eval_every * 512, time.perf_counter()
 
     class Evaluate(BaseCallback):
-        def _on_step(self) -> bool:
+        def _on_step(self) -> bool:  # False ends the run
             if self.num_timesteps // every > len(rows):
                 rows.append(evaluate_sb3(model, env, seed, len(rows), args.eval_episodes,
                                          self.num_timesteps, time.perf_counter() - start, args.eval_sample))
+                return not (args.stop_at_target and rows[-1]["eval_return"] >= TARGETS["MountainCar-v0"][1])
             return True
 
     model.learn(args.frames, callback=Evaluate())
@@ -163,8 +164,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="evaluate every arm with actions drawn from its policy, not greedy ones (the "
                              "example's --eval-sample: a greedy MiniGrid policy can loop)")
     parser.add_argument("--stop-at-target", action="store_true",
-                        help="end each of our runs at its first evaluation that meets the target with the maximum "
-                             "starting point at 0 (its frames to the target are the same; its curves end there)")
+                        help="end each run (sb3's too) at its first evaluation that meets the target with the "
+                             "maximum starting point at 0 (its frames to the target are the same; its curves end there)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")

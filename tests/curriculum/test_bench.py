@@ -48,3 +48,20 @@ def test_runs_at_a_tiny_budget(tmp_path):
     assert arms >= {"curriculum", "scratch"} and all(r["frames"] == "512" for r in rows)
     assert all(-200 <= float(r["eval_return"]) <= -1 for r in rows)  # MountainCar: -1 per step, 200 at most
     assert (tmp_path / "curriculum.png").stat().st_size > 0 and (tmp_path / "curriculum_table.md").exists()
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_sb3_arm_stops_at_its_first_evaluation_meeting_the_target(monkeypatch, stop):
+    pytest.importorskip("stable_baselines3")
+    seen = []
+
+    def evaluate(model, env, seed, index, episodes, frames, wall_s, sample=False):  # meets -110 from the second on
+        seen.append(frames)
+        return {"frames": frames, "max_starting_point": 0, "eval_return": -150.0 if index == 0 else -105.0}
+
+    monkeypatch.setattr(bench_curriculum, "evaluate_sb3", evaluate)
+    args = bench_curriculum.parse_args(["--frames", "3072", "--eval-every", "1", "--eval-episodes", "1",
+                                        *(["--stop-at-target"] if stop else [])])
+    rows = bench_curriculum.run_sb3(0, args)
+    # sb3 collects 256 frames per rollout (16 envs x 16 steps): one evaluation per 512
+    assert [r["frames"] for r in rows] == seen == ([512, 1024] if stop else [512, 1024, 1536, 2048, 2560, 3072])
