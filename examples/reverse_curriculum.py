@@ -81,6 +81,8 @@ class Config(MainConfig):
         **MainConfig.APPLIES,
         **{name: ("curriculum", (True,), " (the curriculum's ResetManager and success rule)")
            for name in ("spread", "move_threshold", "nudge", "margin")},
+        **{name: (None, (), " (the demo is replayed in the env as registered, and the targets are the "
+                            "evaluation's, TASKS)") for name in ("keep", "max_episode_steps", "target_return")},
     }
     gamma: float = 0.99
     """discount, in [0, 1]"""
@@ -104,6 +106,12 @@ class Config(MainConfig):
     """evaluate with actions drawn from the policy (TorchRL's RANDOM interaction) instead of greedy
     ones: a greedy policy that sees part of a MiniGrid can loop where the policy it was trained as gets out"""
 
+    @property
+    def target(self) -> float | None:
+        """The evaluation's target (TASKS: a mean return or a goal rate), where --stop-at-target
+        stops; None for an env without one."""
+        return TASKS[self.env][1][1] if self.env in TASKS else None
+
     def default_name(self) -> str:
         arm = "curriculum" if self.curriculum else "scratch"
         return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_{arm}_seed{self.seed}"
@@ -116,9 +124,6 @@ class Config(MainConfig):
             except ModuleNotFoundError:
                 raise ValueError(f"--env {self.env} needs the minigrid extra: pip install -e '.[minigrid]'") from None
         super().check()
-        if self.keep not in ("auto", "all") or self.max_episode_steps or self.target_return != "auto":
-            raise ValueError("--keep, --max-episode-steps and --target-return do not apply here: the demo is "
-                             "replayed in the env as registered, and the targets are the evaluation's (TASKS)")
         for name, low in {"spread": 0, "nudge": 1, "eval_every": 1, "eval_episodes": 1}.items():
             options.integer(name, getattr(self, name), low)
         options.real("move_threshold", self.move_threshold, 0.0, 1.0, open_low=True)

@@ -50,6 +50,7 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"minibatches": 9}, "--minibatches 9 is more than the 8 windows per rollout"),
     ({"keep": "0,x"}, "--keep must be comma-separated integers"),
     ({"target_return": "high"}, "--target-return must be a number or 'auto'"),
+    ({"env": "Acrobot-v1", "stop_at_target": True}, "--stop-at-target: --env Acrobot-v1 has no target to stop at"),
     ({"env": "NoSuchEnv-v0"}, "--env NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
     ({"batching": "streams", "seq_len": 0}, "--seq-len must be >= 1"),
     ({"batching": "streams", "num_streams": 0}, "--num-streams must be >= 1"),
@@ -71,7 +72,8 @@ def test_standardized_advantages_by_hand():
 
 
 def test_the_defaults_and_the_documented_variants_pass():
-    for cfg in (Config(), Config(batching="streams"), Config(rollout_len=40, stride=8), Config(env="Pendulum-v1")):
+    for cfg in (Config(), Config(batching="streams"), Config(rollout_len=40, stride=8), Config(env="Pendulum-v1"),
+                Config(stop_at_target=True), Config(env="Acrobot-v1", target_return="-100", stop_at_target=True)):
         cfg.check()
 
 

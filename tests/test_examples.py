@@ -160,6 +160,12 @@ def test_reverse_curriculum_refuses_the_curriculums_options_without_it():
         assert f"{name} applies to --curriculum only (the curriculum's ResetManager" in message
 
 
+def test_reverse_curriculum_refuses_the_main_jobs_env_options_even_at_their_defaults():
+    for name, value in (("--keep", "auto"), ("--keep", "0"), ("--max-episode-steps", "0"), ("--target-return", "-100")):
+        message = refusal("reverse_curriculum.py", name, value)
+        assert f"{name} does not apply here (the demo is replayed in the env as registered" in message
+
+
 def test_distributed_ppo_help_offers_no_windows_only_flag():
     out = run_example("distributed_ppo.py", "--help")
     assert {"--learners", "--seq-len", "--num-streams"} <= set(flags(out))

@@ -87,6 +87,9 @@ class RunConfig:
                 options.real("target_return", float(self.target_return))
             except ValueError:
                 raise ValueError(f"--target-return must be a number or 'auto', got {self.target_return!r}") from None
+        if self.stop_at_target and self.target is None:
+            raise ValueError(f"--stop-at-target: --env {self.env} has no target to stop at (see --target-return); "
+                             "set one or drop --stop-at-target")
         if not self.runs_dir or "/" in self.name or self.name in (".", ".."):
             raise ValueError("--runs-dir must not be empty, and --name must be a folder name (no '/')")
 
