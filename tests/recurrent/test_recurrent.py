@@ -979,6 +979,36 @@ def test_fused_double_backward_matches_the_loop_backend(cell, stored):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM])
+@pytest.mark.parametrize("changed", ["h0", "reset_state"])
+def test_fused_backward_survives_an_input_state_changed_in_place(cell, changed):
+    """The initial state or the stored memory changed in place after the forward (a buffer
+    refreshed, say): the first-order gradients are those of an unchanged run, as the fused
+    layers saved before they supported a double backward; a double backward, which replays the
+    layer from those inputs, is refused by name instead of differentiating the changed values."""
+    rnn = cell(F, H, batch_first=True).double()
+    x, is_first = torch.randn(B, T, F, dtype=torch.float64, requires_grad=True), random_flags()
+    entries = 2 if cell is nn.LSTM else 1
+    given = {"h0": [torch.randn(B, 1, H, dtype=torch.float64) for _ in range(entries)],
+             "reset_state": [torch.randn(B, T, 1, H, dtype=torch.float64) for _ in range(entries)]}
+    inputs = [x, *rnn.parameters()]
+
+    def run(change: bool, create_graph: bool = False):
+        states = {k: [v.clone() for v in vs] for k, vs in given.items()}
+        y, h_last = rnn_with_resets(rnn, x, is_first, **{k: tuple(v) if cell is nn.LSTM else v[0]
+                                                           for k, v in states.items()}, backend="fused")
+        if change:
+            for v in states[changed]:
+                v.add_(1.0)
+        h_last = h_last if isinstance(h_last, tuple) else (h_last,)
+        return torch.autograd.grad(loss_of(y, h_last), inputs, create_graph=create_graph)
+
+    for a, b in zip(run(False), run(True)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="modified in place after the forward; a double backward"):
+        run(True, create_graph=True)
+
+
 @pytest.mark.parametrize("backend", ["auto", "fused"])
 def test_fused_lstm_runs_an_empty_batch(backend):
     rnn = nn.LSTM(F, H, batch_first=True)

@@ -13,7 +13,9 @@ it, and the gradient there goes to the reset value (the stored memory).
 A double backward (``create_graph=True``: a gradient penalty, second-order meta-learning) gets
 gradients that are themselves differentiable: the backward then replays the layer step by step
 with the native cell (``torch.gru_cell`` / ``torch.lstm_cell``, as the ``loop`` backend steps)
-and differentiates that, at the ``loop`` backend's cost. Limits: a backward vectorized by ``vmap``
+and differentiates that, at the ``loop`` backend's cost (an initial state, stored memory or bias
+changed in place between the forward and such a backward is a RuntimeError; a first-order
+backward does not read them). Limits: a backward vectorized by ``vmap``
 (``is_grads_batched=True``) raises a RuntimeError naming ``backend='loop'``, and the layers are
 classic autograd Functions, not usable under ``torch.func`` transforms (``auto`` picks ``loop``
 there; ``fused`` raises). Under autocast they run
@@ -125,6 +127,23 @@ def _lstm_replay(x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh):
     return torch.stack(ys, 1), h, c
 
 
+def _keep_for_replay(*tensors) -> list:
+    """Inputs that only a double backward reads (the layer's replay), kept with their versions:
+    not saved for the backward, so that a first-order backward works whatever happens to them in
+    place after the forward (as the loop backend's does with the stored memory)."""
+    return [(t, None if t is None else t._version) for t in tensors]
+
+
+def _kept_for_replay(kept: list) -> list:
+    """:func:`_keep_for_replay`'s tensors; a RuntimeError if one was changed in place since the forward."""
+    if any(t is not None and t._version != version for t, version in kept):
+        raise RuntimeError(
+            "an input of a fused recurrent layer (its initial state, stored memory or bias) was modified "
+            "in place after the forward; a double backward (create_graph=True) replays the layer from it. "
+            "Modify a copy (clone()), or run the double backward before the change.")
+    return [t for t, _ in kept]
+
+
 def _replayed_grads(replay, inputs, need, output_grads):
     """The gradients of a double backward (``create_graph=True``): ``replay(*inputs)`` differentiated
     with ``create_graph=True``, so that they are differentiable in the inputs and in ``output_grads``."""
@@ -176,18 +195,19 @@ class _GRULayer(torch.autograd.Function):
             h = torch.lerp(n_t[t], h, z[t], out=y_t[t])  # (1 - z) n + z h
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             hp = _states_before(h0, y, mask, reset_value)
-            # the inputs too, for a double backward's replay
-            ctx.save_for_backward(hp, rz, n, gh_n, x, reset, h0, reset_value, w_ih, w_hh, b_ih, b_hh)
+            ctx.save_for_backward(hp, rz, n, gh_n, x, reset, w_ih, w_hh)
+            ctx.replay_only = _keep_for_replay(h0, reset_value, b_ih, b_hh)
             ctx.has_value = reset_value is not None
         return _own(y.transpose(0, 1)), _own(h)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
         _refuse_unsupported_backward(dy, dh_last)
-        hp, rz, n, gh_n, *inputs = ctx.saved_tensors
+        hp, rz, n, gh_n, x, reset, w_ih, w_hh = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
-            return _replayed_grads(_gru_replay, inputs, ctx.needs_input_grad, (dy, dh_last))
-        x, reset, _, _, w_ih, w_hh, _, _ = inputs
+            h0, reset_value, b_ih, b_hh = _kept_for_replay(ctx.replay_only)
+            return _replayed_grads(_gru_replay, (x, reset, h0, reset_value, w_ih, w_hh, b_ih, b_hh),
+                                   ctx.needs_input_grad, (dy, dh_last))
         time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
         # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n)
@@ -260,18 +280,19 @@ class _LSTMLayer(torch.autograd.Function):
             h = torch.mul(o_t[t], torch.tanh(c, out=tanh_c_t[t]), out=y_t[t])  # o tanh(c)
         if any(ctx.needs_input_grad):  # what the backward reads, formed only when there is one
             hp, cp = _states_before(h0, y, mask, h_value), _states_before(c0, c_after, mask, c_value)
-            # the inputs too, for a double backward's replay
-            ctx.save_for_backward(hp, cp, act, g, tanh_c, x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh)
+            ctx.save_for_backward(hp, cp, act, g, tanh_c, x, reset, w_ih, w_hh)
+            ctx.replay_only = _keep_for_replay(h0, c0, h_value, c_value, b_ih, b_hh)
             ctx.has_value = h_value is not None
         return _own(y.transpose(0, 1)), _own(h), _own(c)
 
     @staticmethod
     def backward(ctx, dy, dh_last, dc_last):
         _refuse_unsupported_backward(dy, dh_last, dc_last)
-        hp, cp, sig, g, tanh_c, *inputs = ctx.saved_tensors
+        hp, cp, sig, g, tanh_c, x, reset, w_ih, w_hh = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True
-            return _replayed_grads(_lstm_replay, inputs, ctx.needs_input_grad, (dy, dh_last, dc_last))
-        x, reset, _, _, _, _, w_ih, w_hh, _, _ = inputs
+            h0, c0, h_value, c_value, b_ih, b_hh = _kept_for_replay(ctx.replay_only)
+            return _replayed_grads(_lstm_replay, (x, reset, h0, c0, h_value, c_value, w_ih, w_hh, b_ih, b_hh),
+                                   ctx.needs_input_grad, (dy, dh_last, dc_last))
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
         slope = sig - sig * sig  # sigmoid'(a) = s (1 - s), for i, f and o (the g slot unread)
