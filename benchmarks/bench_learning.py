@@ -42,7 +42,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-from toolkit import config_options, load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import checked_config, config_options, load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import MaskObservation
@@ -185,7 +185,9 @@ def check_sides(args) -> None:
     if args.sides[0] != "ours" or len(args.sides) < 2:
         raise ValueError(f"--sides {','.join(args.sides)}: give ours first and at least one side to compare "
                          "it with, e.g. --sides ours,defaults")
-    args.options = config_options(load_main_job().Config, args.options, SET_HERE)
+    job = load_main_job()
+    args.options = config_options(job.Config, args.options, SET_HERE)
+    checked_config(job.Config, args.options, job.check_keep, total_frames=args.frames)
     args.stop_at_target = options.names("stop_at_target", args.stop_at_target, args.sides) if args.stop_at_target else []
     if "sb3" in args.stop_at_target:
         raise ValueError("--stop-at-target: sb3's runs go to --frames; name sides of the main job only")

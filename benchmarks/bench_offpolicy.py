@@ -64,7 +64,7 @@ from bench_learning import plot_runs  # benchmarks/bench_learning.py
 from bench_memory import cell_summary  # benchmarks/bench_memory.py
 from tqdm import tqdm
 
-from toolkit import config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
 
 import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
 
@@ -73,8 +73,10 @@ RECIPES = {  # name: the example's options
     "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
     "streams-overlap10": dict(replay="streams", overlap=10),
 }
-SET_HERE = ("env", "seed", "total_frames", "runs_dir", "name", "progress", *dict.fromkeys(k for r in RECIPES.values() for k in r))
-"""The example's fields the grid sets itself (not ``--options``)."""
+SET_HERE = ("env", "seed", "total_frames", "runs_dir", "name", "progress", "stop_at_target", "burn_in",
+            *dict.fromkeys(k for r in RECIPES.values() for k in r))
+"""The example's fields the grid sets itself (not ``--options``): every run goes to ``--frames``;
+``sequence`` burns in the example's default, and the speed comparison 0 and that."""
 KEY = ("task", "recipe", "seed")  # of a run, in the CSVs
 EXTRA = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")  # the example's columns a summary reads
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
@@ -103,8 +105,9 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
 
 def options_text(chosen: dict) -> str:
     """``--options`` as a grid records it in ``offpolicy.csv`` (its column ``options``): ``"name=value,..."``
-    sorted by name, ``""`` for the example's defaults."""
-    return ",".join(f"{name}={value}" for name, value in sorted(chosen.items()))
+    sorted by name, leaving out a value equal to the example's default (so ``""`` for the defaults)."""
+    return ",".join(f"{name}={value}" for name, value in sorted(chosen.items())
+                    if value != getattr(recurrent_dqn.Config, name))
 
 
 def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: int,
@@ -211,7 +214,7 @@ def collect_speed(args) -> float:
     from torchrl.collectors import Collector
     from torchrl_seqchunk import VectorEnvCollector
 
-    cfg = recurrent_dqn.Config(seed=0, progress=False)
+    cfg = recurrent_dqn.Config(seed=0, progress=False, **args.options)
     _, rnn, policy = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
     per_batch = cfg.num_envs * cfg.collect_len
     kinds = {"collector": Collector, "vector": VectorEnvCollector}
@@ -340,11 +343,11 @@ def main() -> None:
                                                              args.recipes.split(","), args.frames, args.options)
         else:
             args.seeds = options.int_list("seeds", getattr(args, "seeds", "1,2,3,4,5"), 0)
-            for recipe in args.recipes.split(","):  # the example's own checks, before any run
-                try:
-                    recurrent_dqn.Config(total_frames=args.frames, progress=False, **RECIPES[recipe], **args.options)
-                except ValueError as err:
-                    raise ValueError(f"--frames {args.frames} ({recipe}): {err}") from None
+            for task, recipe in itertools.product(args.tasks.split(","), args.recipes.split(",")):
+                # every run of the grid as the example checks its command line, before any run
+                checked_config(recurrent_dqn.Config, args.options, recurrent_dqn.envs.check_keep,
+                               recurrent_dqn.check_actions, env=TASKS[task][0], total_frames=args.frames,
+                               **RECIPES[recipe])
 
     args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
                          check=check)
@@ -384,13 +387,13 @@ def report(runs: dict, tasks: list[str], recipes: list[str], seeds: list[int], a
                  for task in tasks for recipe in recipes for seed in seeds}
     with open(out / "offpolicy_summary.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*KEY, *next(iter(summaries.values()))])
-        writer.writerows([*k, *(f"{v:.0f}" if float(v).is_integer() else f"{v:.7g}" for v in s.values())]
-                         for k, s in summaries.items())
+        writer.writerow([*KEY, *next(iter(summaries.values())), "options"])
+        writer.writerows([*k, *(f"{v:.0f}" if float(v).is_integer() else f"{v:.7g}" for v in s.values()),
+                          options_text(args.options)] for k, s in summaries.items())
     source = f", runs of {args.from_runs}" if args.from_runs else ""
     if args.from_runs and args.left_out:
         source += f" (seeds left out, a task or recipe missing: {args.left_out})"
-    setting = f", --options {options_text(args.options)}" if args.options else ""
+    setting = f", --options {options_text(args.options)}" if options_text(args.options) else ""
     lines = [f"{args.frames} frames per run{setting}{source}, seeds {seeds}", "",
              *compare(summaries, tasks, recipes, seeds, args.frames)]
     (out / "offpolicy_table.md").write_text("\n".join(lines) + "\n")

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_offpolicy  # noqa: E402
+import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py, on the path through benchmarks/toolkit.py
+from toolkit import checked_config  # noqa: E402
 
 
 def command(*args: str) -> subprocess.CompletedProcess:
@@ -50,12 +52,32 @@ def test_options_are_checked_before_anything_runs(tmp_path):
     result = command("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
     result = command("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
-    assert result.returncode == 2 and "--frames 640 (streams): --learning-starts 2000" in result.stderr
+    assert result.returncode == 2 and "total_frames=640, replay=streams: --learning-starts 2000" in result.stderr
     result = command("--options", "replay=slice", "--out", str(tmp_path / "x"))  # the recipes set it
     assert result.returncode == 2 and "'replay=slice': give name=value" in result.stderr
     result = command("--options", "replay_ratio=0", "--out", str(tmp_path / "x"))
     assert result.returncode == 2 and "--replay-ratio must be > 0.0" in result.stderr
+    for given, message in [("stop_at_target=true", "'stop_at_target=true': give name=value"),  # set here
+                           ("burn_in=5", "'burn_in=5': give name=value"),
+                           ("tau=0.01,hard_update=5", "--tau applies to --hard-update 0 only"),  # tau at its default
+                           ("lr=0.001,lr=0.002", "lr is given twice")]:
+        result = command("--options", given, "--no-speed", "--out", str(tmp_path / "x"))
+        assert result.returncode == 2 and message in result.stderr, (given, result.stderr[-2000:])
+    # each run checked as the example's command line is: the env's 4 observations have no index 7
+    result = command("--options", "keep=7", "--tasks", "repeat_first", "--no-speed", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "a run of env=popgym:popgym-RepeatFirstEasy-v0" in result.stderr
+    assert "--keep 7: keep=[7] is out of range" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_options_are_checked_against_the_runs_of_the_grid():
+    """Against --frames and each task and recipe, not the example's own defaults (60,000 frames)."""
+    chosen = {"learning_starts": 70_000}
+    with pytest.raises(ValueError, match="leave no gradient step"):
+        checked_config(recurrent_dqn.Config, chosen)
+    assert checked_config(recurrent_dqn.Config, chosen, total_frames=100_000, replay="slice").learning_starts == 70_000
+    assert bench_offpolicy.options_text({"replay_ratio": 16.0, "lr": 1e-3}) == "lr=0.001"  # the default left out
+    assert bench_offpolicy.options_text({"replay_ratio": float(recurrent_dqn.Config.replay_ratio)}) == ""
 
 
 def test_tiny_speed_run_prints_its_ratios(tmp_path):
