@@ -81,6 +81,7 @@ class Config(MainConfig):
         **MainConfig.APPLIES,
         **{name: ("curriculum", (True,), " (the curriculum's ResetManager and success rule)")
            for name in ("spread", "move_threshold", "nudge", "margin")},
+        "demo": ("curriculum", (True,), " (PPO from the env's reset starts no episode along a demo)"),
         **{name: (None, (), " (the demo is replayed in the env as registered, and the targets are the "
                             "evaluation's, TASKS)") for name in ("keep", "max_episode_steps", "target_return")},
     }
@@ -112,6 +113,8 @@ class Config(MainConfig):
         stops; None for an env without one."""
         return TASKS[self.env][1][1] if self.env in TASKS else None
 
+    TARGET_FIX: ClassVar[str] = f"this example's targets are its tasks' ({', '.join(TASKS)})"
+
     def default_name(self) -> str:
         arm = "curriculum" if self.curriculum else "scratch"
         return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_{arm}_seed{self.seed}"
@@ -129,6 +132,8 @@ class Config(MainConfig):
         options.real("move_threshold", self.move_threshold, 0.0, 1.0, open_low=True)
         if self.margin != -1.0:
             options.real("margin", self.margin, 0.0)
+        if not self.curriculum:
+            return
         if not self.demo and self.env not in TASKS:
             raise ValueError(f"--env {self.env} ships no demo; pass --demo, or one of {', '.join(TASKS)}")
         try:
@@ -175,8 +180,9 @@ def episode_limit(env_id: str) -> int:
     return env.spec.max_episode_steps or env.unwrapped.max_steps
 
 
-def make_worker(env_id: str, demo: Demo | None, margin: float) -> TransformedEnv | GymWrapper:
-    """One env; with a demo it restores starting points (and 0 is the env's own reset)."""
+def make_worker(env_id: str, demo: Demo | None, margin: float | None) -> TransformedEnv | GymWrapper:
+    """One env; with a demo it restores starting points (and 0 is the env's own reset), its
+    success ``margin`` behind the demo's score (unread without a demo)."""
     env = GymWrapper(make_task(env_id))
     if demo is None:
         return env
@@ -188,9 +194,10 @@ def make_env(cfg: Config, demo: Demo | None, manager: ResetManager | None, num_e
              transforms=()) -> TransformedEnv:
     """``num_envs`` workers in one SerialEnv; the curriculum's assigning role on top, then the main
     job's transforms (is_first, the raw return, and ``transforms``)."""
-    factory = functools.partial(make_worker, cfg.env, demo, cfg.success_margin)  # picklable for workers
+    margin = None if demo is None else cfg.success_margin  # an env without a shipped demo has no default
+    factory = functools.partial(make_worker, cfg.env, demo, margin)  # picklable for workers
     batched = (ParallelEnv if cfg.env_batching == "parallel" else SerialEnv)(num_envs, factory)
-    top = [ReverseCurriculum(demo, manager, success="goal", margin=cfg.success_margin)] if manager else []
+    top = [ReverseCurriculum(demo, manager, success="goal", margin=margin)] if manager else []
     env = TransformedEnv(batched, Compose(*top, InitTracker(init_key="is_first"), RewardSum(), *transforms))
     env.set_seed(seed)
     return env
@@ -252,17 +259,16 @@ def main(cfg: Config) -> list[dict]:
     out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    demo = cfg.load_demo()
-    spread = cfg.spread or max(1, min(16, len(demo) // 2))
-    manager = (ResetManager(len(demo), cfg.num_envs, window=spread, move_threshold=cfg.move_threshold,
-                            nudge=cfg.nudge) if cfg.curriculum else None)
+    demo = cfg.load_demo() if cfg.curriculum else None
+    manager = (ResetManager(len(demo), cfg.num_envs, window=cfg.spread or max(1, min(16, len(demo) // 2)),
+                            move_threshold=cfg.move_threshold, nudge=cfg.nudge) if cfg.curriculum else None)
     # VecNormV2's rule, one set of statistics over all envs, its values clipped to +-10: a MiniGrid
     # cell constant over the demo's layout sits at the std floor, and a new layout's value there
     # would come out at 1e4 (the evaluation, which starts from new layouts, reads a frozen copy)
     obs_norm = RunningObservationNorm(clip=10.0) if cfg.obs_norm else None
     reward_norm = ReturnScaledReward(gamma=cfg.gamma) if cfg.reward_norm else None
     transforms = [t for t in (obs_norm, reward_norm) if t is not None]
-    env = make_env(cfg, demo if cfg.curriculum else None, manager, cfg.num_envs, cfg.seed, transforms=transforms)
+    env = make_env(cfg, demo, manager, cfg.num_envs, cfg.seed, transforms=transforms)
     actor, critic, rnns = make_agent(cfg, env, carry=cfg.batching == "streams")
     env.append_transform(Compose(*(rnn.make_tensordict_primer() for rnn in rnns)))
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)

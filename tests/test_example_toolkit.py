@@ -73,7 +73,8 @@ def test_standardized_advantages_by_hand():
 
 def test_the_defaults_and_the_documented_variants_pass():
     for cfg in (Config(), Config(batching="streams"), Config(rollout_len=40, stride=8), Config(env="Pendulum-v1"),
-                Config(stop_at_target=True), Config(env="Acrobot-v1", target_return="-100", stop_at_target=True)):
+                Config(stop_at_target=True), Config(env="Acrobot-v1", target_return="-100", stop_at_target=True),
+                Config(env="gymnasium:CartPole-v1", stop_at_target=True)):  # a module-qualified id keeps its target
         cfg.check()
 
 

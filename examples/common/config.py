@@ -64,9 +64,12 @@ class RunConfig:
     @property
     def target(self) -> float | None:
         """The target mean return, or None."""
-        if self.target_return == "auto":
-            return 450.0 if self.env == "CartPole-v1" else None
+        if self.target_return == "auto":  # the id less a "module:" prefix
+            return 450.0 if self.env.rpartition(":")[2] == "CartPole-v1" else None
         return float(self.target_return)
+
+    TARGET_FIX: ClassVar[str] = "set one with --target-return"
+    """How a run without a target gets one (the refusal of --stop-at-target says it)."""
 
     APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {}
     """Options that apply only to some runs: field -> (the field it depends on, its values where the
@@ -88,8 +91,8 @@ class RunConfig:
             except ValueError:
                 raise ValueError(f"--target-return must be a number or 'auto', got {self.target_return!r}") from None
         if self.stop_at_target and self.target is None:
-            raise ValueError(f"--stop-at-target: --env {self.env} has no target to stop at (see --target-return); "
-                             "set one or drop --stop-at-target")
+            raise ValueError(f"--stop-at-target: --env {self.env} has no target to stop at; {self.TARGET_FIX}, "
+                             "or drop --stop-at-target")
         if not self.runs_dir or "/" in self.name or self.name in (".", ".."):
             raise ValueError("--runs-dir must not be empty, and --name must be a folder name (no '/')")
 

@@ -28,6 +28,8 @@ from bench_curriculum import load_example  # noqa: E402
     (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
     (["--env", "CartPole-v1", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
     (["--demo", "/no/such/demo.npz"], "--demo: cannot read demo file"),
+    (["--no-curriculum", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "--demo applies to --curriculum only"),
+    (["--env", "Acrobot-v1", "--stop-at-target"], "has no target to stop at; this example's targets are its tasks'"),
 ])
 def test_bad_options_are_refused_by_name_before_any_output(tmp_path, capsys, argv, message):
     job = load_example()
@@ -45,6 +47,8 @@ def test_defaults_resolve_per_task():
     cfg = job.parse_args(["--env", "MiniGrid-DoorKey-8x8-v0"])
     assert cfg.demo_path.endswith("minigrid_doorkey8_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 640)
     assert job.parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
+    assert job.parse_args(["--no-curriculum", "--env", "Acrobot-v1"]).target is None  # PPO from the reset needs no demo
+    assert job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--stop-at-target"]).target == 0.9  # a goal rate
 
 
 @pytest.mark.slow
