@@ -96,7 +96,7 @@ class DistConfig(Config):
     address: str = ""
     """ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local cluster on 127.0.0.1, without
     dashboard, for the run"""
-    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+    APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
         **Config.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)")}
 
     def default_name(self) -> str:

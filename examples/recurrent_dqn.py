@@ -123,12 +123,13 @@ class Config(RunConfig):
     """SoftUpdate rate of the target network, in (0, 1]"""
     hard_update: int = 0
     """gradient steps between HardUpdate copies of the target network; 0: SoftUpdate with --tau"""
-    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+    APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
         "initial_state": ("replay", ("sequence", "slice"), " (stream chunks start from the carried state)"),
         "stream_groups": ("replay", ("streams",), ""),
         "overlap": ("replay", ("streams",), " (sequence windows burn in with --burn-in)"),
         "burn_in": ("replay", ("sequence",), ""),
         "tau": ("hard_update", (0,), " (above 0, HardUpdate copies the weights every --hard-update steps)"),
+        "eps_alpha": ("num_envs", range(2, 2**63), " (it spreads epsilon over the envs; one env explores with --eps-base)"),
     }
 
     def __post_init__(self) -> None:

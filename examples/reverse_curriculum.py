@@ -77,7 +77,7 @@ class Config(MainConfig):
     """ResetManager: demo steps the maximum moves forward when success collapses"""
     margin: float = -1.0
     """score an episode may trail the demo and still succeed, >= 0; -1: the task's default (20 steps)"""
-    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+    APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
         **MainConfig.APPLIES,
         **{name: ("curriculum", (True,), " (the curriculum's ResetManager and success rule)")
            for name in ("spread", "move_threshold", "nudge", "margin")},

@@ -71,7 +71,7 @@ class RunConfig:
     TARGET_FIX: ClassVar[str] = "set one with --target-return"
     """How a run without a target gets one (the refusal of --stop-at-target says it)."""
 
-    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {}
+    APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {}
     """Options that apply only to some runs: field -> (the field it depends on, its values where the
     option applies, a note for the refusal); see ``options.applicable``."""
 
@@ -152,7 +152,7 @@ class Config(RunConfig):
     """streams only: B, streams per chunk"""
     seq_len: int = 32
     """streams only: T, steps per chunk (was --chunk-len)"""
-    APPLIES: ClassVar[dict[str, tuple[str, tuple, str]]] = {
+    APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
         "obs_norm_until": ("obs_norm", (True,), " (it freezes the observation statistics)"),
         "boundary_mode": ("batching", ("windows",), " (stream chunks carry the state)"),
         **{name: ("batching", ("windows",), "") for name in ("window", "stride", "minibatches")},

@@ -143,8 +143,8 @@ def given_fields(config: type, argv: Sequence[str]) -> set[str]:
 
 def applicable(cfg, given: Collection[str] | None = None) -> None:
     """Refuses an option that the run would ignore: ``type(cfg).APPLIES`` maps a field to ``(owner,
-    values, note)``, the field applying only while field ``owner`` is one of ``values`` (``owner``
-    None: never, in this Config's script). Such an option is refused where ``given`` names it (the
+    values, note)``, the field applying only while field ``owner`` is one of ``values`` (a tuple, or
+    a ``range`` of integers; ``owner`` None: never, in this Config's script). Such an option is refused where ``given`` names it (the
     fields a command line sets: a value equal to the default is still refused) or, with
     ``given=None`` (a Config built in code), where it differs from its default. A ValueError names
     the flags and the fix."""
@@ -154,7 +154,10 @@ def applicable(cfg, given: Collection[str] | None = None) -> None:
         if name in given if given is not None else getattr(cfg, name) != getattr(type(cfg), name):
             if owner is None:
                 raise ValueError(f"{flag(name)} does not apply here{note}: drop {flag(name)}.")
-            where = flag(owner) if values == (True,) else f"{flag(owner)} {' / '.join(map(str, values))}"
+            if isinstance(values, range):
+                where = f"{flag(owner)} >= {values.start}"
+            else:
+                where = flag(owner) if values == (True,) else f"{flag(owner)} {' / '.join(map(str, values))}"
             raise ValueError(f"{flag(name)} applies to {where} only{note}: drop {flag(name)} or change {flag(owner)}.")
 
 

@@ -63,6 +63,7 @@ def test_settings_that_lose_the_run_are_refused(options, match):
     (["--stream-groups", "1", "--replay", "sequence"], "--stream-groups applies to --replay streams only"),
     (["--initial-state", "stored"], "--initial-state applies to --replay sequence / slice only"),
     (["--hard-update", "100", "--tau", "0.01"], "--tau applies to --hard-update 0 only"),
+    (["--num-envs", "1", "--buffer-size", "1000", "--eps-alpha", "7"], "--eps-alpha applies to --num-envs >= 2 only"),
 ])
 def test_command_lines_refused_before_a_run(argv, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
