@@ -225,9 +225,10 @@ def evaluate(cfg: Config, actor, rnns, obs_norm: RunningObservationNorm | None, 
 
 
 def met(cfg: Config, eval_return: float, eval_success: float) -> bool:
-    """Whether an evaluation meets the task's target (TASKS); False for tasks without one."""
-    kind, value = TASKS[cfg.env][1] if cfg.env in TASKS else (None, None)
-    return kind is not None and (eval_return if kind == "return" else eval_success) >= value
+    """Whether an evaluation meets the task's target (``cfg.target``); False for tasks without one."""
+    if cfg.target is None:
+        return False
+    return (eval_return if TASKS[cfg.env][1][0] == "return" else eval_success) >= cfg.target
 
 
 def plot(rows: list[dict], path: Path, cfg: Config) -> None:
