@@ -9,7 +9,12 @@ Candidates: ``ResetRNN`` over ``nn.GRU`` and ``nn.LSTM`` on every backend that r
 them (``auto``, ``loop``, ``packed``, ``fused``), a ``MinGRUCell`` on ``scan``; anchors:
 ``nn.GRU`` / ``nn.LSTM`` without resets (cuDNN on CUDA: the speed of light), TorchRL's
 ``GRUModule`` in recurrent mode with ``is_init`` at the same steps, and a plain
-``nn.GRUCell`` loop with ``torch.where``.
+``nn.GRUCell`` loop with ``torch.where``. ``gru_gemm_floor`` / ``lstm_gemm_floor`` run only
+the matrix products of the ``fused`` layer's forward and backward (the same shapes, one
+per step each way, the input's product and the weight gradients), no other op: no layer that
+steps the recurrence with these products runs faster on this BLAS, so ``*_gemm_floor_vs_*``
+says how close to the native module any such layer could come, and
+``resetrnn_*_fused_vs_gemm_floor`` what the rest of the layer (gates, resets, calls) adds.
 
     python benchmarks/bench_recurrent.py                        # CPU, B=32, T=64, H=256
     python benchmarks/bench_recurrent.py --preset gpu --device cuda   # B=64, T=64, H=512
@@ -77,6 +82,29 @@ def cell_loop(cell, x, is_first):
     return torch.stack(outputs, 1)
 
 
+def gemm_floor(args, gates: int, device):
+    """The fused layer's matrix products alone, on random values of its shapes (``gates`` = 3 for
+    a GRU, 4 for an LSTM); the call returns an empty scalar, its backward free."""
+    b, t, size = args.batch, args.time, args.hidden
+    width = gates * size
+    x, w_ih, bias = (torch.randn(*shape, device=device) for shape in ((t * b, args.input), (width, args.input), (width,)))
+    w_hh, states, grads = (torch.randn(*shape, device=device) for shape in ((width, size), (t, b, size), (t, b, width)))
+    w_hh_t, out = w_hh.t().contiguous(), torch.empty(t, b, width, device=device)
+    done = torch.zeros((), device=device, requires_grad=True)
+
+    def products():
+        torch.addmm(bias, x, w_ih.t(), out=out.view(t * b, width))  # every step's input product
+        for step in range(t):  # forward: W_hh h per step
+            out[step].addmm_(states[step], w_hh_t)
+        for step in range(t):  # backward: the state gradient per step
+            torch.mm(grads[step], w_hh)
+        flat = grads.view(t * b, width)
+        flat @ w_ih, flat.t() @ x, flat.t() @ states.view(t * b, size)  # dx, dW_ih, dW_hh
+        return done
+
+    return products
+
+
 def build(args, device):
     generator = torch.Generator().manual_seed(args.seed)
     b, t = args.batch, args.time
@@ -107,6 +135,8 @@ def build(args, device):
     candidates["mingru_scan"] = reset_rnn(MinGRUCell(args.input, args.hidden).to(device), "scan")
     candidates["torchrl_grumodule"] = lambda: torchrl_gru(torchrl_chunk.copy())["features"]
     candidates["cell_loop"] = lambda: cell_loop(cell, x, is_first)
+    candidates["gru_gemm_floor"] = gemm_floor(args, 3, device)
+    candidates["lstm_gemm_floor"] = gemm_floor(args, 4, device)
     return candidates
 
 
@@ -155,6 +185,9 @@ def main(argv=None):
         pairs[f"resetrnn_gru_{backend}_vs_gru_noreset"] = (f"gru_{backend}", "gru_noreset")
         pairs[f"resetrnn_lstm_{backend}_vs_lstm_noreset"] = (f"lstm_{backend}", "lstm_noreset")
     pairs["resetrnn_mingru_scan_vs_gru_noreset"] = ("mingru_scan", "gru_noreset")
+    for rnn in ("gru", "lstm"):
+        pairs[f"{rnn}_gemm_floor_vs_{rnn}_noreset"] = (f"{rnn}_gemm_floor", f"{rnn}_noreset")
+        pairs[f"resetrnn_{rnn}_fused_vs_gemm_floor"] = (f"{rnn}_fused", f"{rnn}_gemm_floor")
     print_ratios({name: paired_ratio(times, *pair) for name, pair in pairs.items()})
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ def test_quick_run_prints_every_ratio(capsys):
     for cell in ("gru", "lstm"):
         for backend in ("loop", "packed"):
             assert f"resetrnn_{cell}_{backend}_vs_{cell}_noreset" in ratios
+        assert {f"{cell}_gemm_floor_vs_{cell}_noreset", f"resetrnn_{cell}_fused_vs_gemm_floor"} <= set(ratios)
     assert {"resetrnn_vs_gru_noreset", "resetrnn_lstm_vs_lstm_noreset",
             "resetrnn_mingru_scan_vs_gru_noreset"} <= set(ratios)
     assert all(float(value) > 0 for value in ratios.values())
