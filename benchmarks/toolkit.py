@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 import sys
 import typing
 from pathlib import Path
@@ -34,11 +35,12 @@ def load_main_job():
 
 def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
     """``--options`` ``"name=value,..."``: fields of the example's Config dataclass ``config``, each
-    given once and converted to the field's type; ``set_here``: the fields the benchmark sets
-    itself. A ValueError names the item and the fix. Check the runs they make with :func:`checked_config`."""
+    given once and converted to the field's type; a value may hold commas (``keep=0,2,gamma=0.98``:
+    an item starts only at ``,name=``); ``set_here``: the fields the benchmark sets itself. A
+    ValueError names the item and the fix. Check the runs they make with :func:`checked_config`."""
     fields, hints = {f.name: f for f in dataclasses.fields(config)}, typing.get_type_hints(config)
     chosen = {}
-    for item in filter(None, text.split(",")):
+    for item in filter(None, re.split(r",(?=\w+=)", text)):
         name, _, value = item.partition("=")
         if name not in fields or name in set_here or not value:
             raise ValueError(f"--options {item!r}: give name=value, name a field of the example's Config that the "

@@ -130,6 +130,15 @@ def test_memory_resume_refuses_runs_that_do_not_record_their_settings(tmp_path):
     assert "does not record the --frames, --num-envs of its runs" in message
 
 
+def test_options_values_may_hold_commas():
+    import toolkit
+    config = toolkit.load_main_job().Config
+    assert toolkit.config_options(config, "keep=0,2,gamma=0.98", ()) == {"keep": "0,2", "gamma": 0.98}
+    assert toolkit.config_options(config, "gamma=0.98,keep=all", ()) == {"gamma": 0.98, "keep": "all"}
+    with pytest.raises(ValueError, match="'lr=0.001,5': lr takes a float"):
+        toolkit.config_options(config, "lr=0.001,5", ())
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("bench_memory.py", ["--frames", "0"], "--frames must be >= 1"),
     ("bench_memory.py", ["--seeds", "0,0"], "--seeds lists a value twice"),
@@ -255,4 +264,6 @@ def test_throughput_ratios_follow_from_its_measurements(tmp_path):
         assert figures[ratio] == pytest.approx(figures[top] / figures[bottom], rel=1e-6), ratio
         assert printed[ratio] == pytest.approx(figures[ratio], abs=1e-3), ratio  # printed to 3 decimals
     assert figures["frame_us_env"] > 0 and figures["frame_us_update"] > 0
+    ceiling = 1e6 / figures["main_job_fps_serial"] / figures["frame_us_update"]
+    assert figures["fast_vs_serial_ceiling"] == pytest.approx(ceiling, rel=1e-6)
     assert (tmp_path / "breakdown.png").stat().st_size > 1000
