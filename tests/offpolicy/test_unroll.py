@@ -102,6 +102,23 @@ def test_values_and_next_values_match_a_per_step_loop(cell, with_initial):
     assert out.recurrent_steps == 3 * (9 + 1 + 1)
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_without_a_terminated_key_a_truncation_bootstraps_from_its_final_observation(cell):
+    # terminated is then done less truncated, as boundary_nstep_targets reads it: the truncated
+    # step of row 1 still gets the value of its final observation, not of the next episode's first
+    net, rnn = q_network(cell)
+    td = make_chunk()
+    _, next_values, _ = reference(net, rnn, td, lambda b: zeros(len(rnn.state_keys)))
+    live = ~td["next", "terminated"].squeeze(-1)
+    bare = td.exclude(("next", "terminated"))
+    out = unroll_with_next(net, rnn, bare)
+    torch.testing.assert_close(out.next_values[live], next_values[live])
+    assert out.recurrent_steps == 3 * (9 + 1 + 1)  # the truncation's final observation inserted
+    assert not torch.allclose(next_values[1, 4], out.values[1, 5])  # which the next episode's value is not
+    losses = [dqn_loss(net, rnn, gamma=0.5, n_steps=2, initial_state="zero")(chunk)["loss"] for chunk in (td, bare)]
+    torch.testing.assert_close(losses[1], losses[0])
+
+
 def test_a_chunk_split_in_two_with_the_carry_equals_one_unroll():
     net, rnn = q_network()
     td = make_chunk(steps=10)

@@ -317,7 +317,7 @@ class RecurrentDQNLoss(LossModule):
             out = unroll_with_next(
                 self.value_network, self.rnn[0], tensordict, start,
                 value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
-                done_key=self.keys["done"],
+                done_key=self.keys["done"], truncated_key=self.keys["truncated"],
             )
             final = out.final_state
             if self.overlap:  # the state before the last K steps, which the next batch burns in again

@@ -28,6 +28,8 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.modules import set_recurrent_mode
 
+from .._boundaries import stops
+
 __all__ = ["Unroll", "unroll_with_next"]
 
 
@@ -74,6 +76,7 @@ def unroll_with_next(
     observation_keys: list | None = None,
     terminated_key: NestedKey = ("next", "terminated"),
     done_key: NestedKey = ("next", "done"),
+    truncated_key: NestedKey = ("next", "truncated"),
     bootstrap: bool = True,
 ) -> Unroll:
     """Unrolls ``network`` over a ``[B, T]`` chunk, returning its values at every step and
@@ -96,7 +99,9 @@ def unroll_with_next(
             ``carry=True`` and a ``reset_state_key`` (the reset state is set here).
         tensordict (TensorDictBase): batch ``[B, T]`` with ``observation_keys`` at the root
             and under ``"next"``, ``rnn.is_first_key`` and ``done_key`` (bool
-            ``[B, T, 1]``); ``terminated_key`` where present (else ``done``).
+            ``[B, T, 1]``); ``terminated_key`` where present, else ``done`` less
+            ``truncated_key`` (``done`` when that is absent too), as in
+            :func:`~torchrl_seqchunk.boundary_nstep_targets`.
         initial_state (tuple of Tensor, optional): the state before step 0, one ``[B, *S]``
             per ``rnn.state_keys`` entry; ``None``: zeros.
 
@@ -104,7 +109,7 @@ def unroll_with_next(
         value_key (NestedKey): the network's output. Default ``"action_value"``.
         observation_keys (list of NestedKey, optional): the step's inputs. Default: the
             network's ``in_keys`` other than the rnn's flag and state keys.
-        terminated_key, done_key (NestedKey): TorchRL's ``"next"`` flags.
+        terminated_key, done_key, truncated_key (NestedKey): TorchRL's ``"next"`` flags.
         bootstrap (bool): ``False``: the values and the final state only (a burn-in pass:
             no final observation inserted, no step at the chunk's end, ``next_values`` is
             ``None``, ``("next", ...)`` observations unread). Default ``True``.
@@ -165,7 +170,8 @@ def unroll_with_next(
 
     is_first = get(rnn.is_first_key).reshape(batch, steps).bool()
     done = get(done_key).reshape(batch, steps)
-    terminated = tensordict.get(terminated_key, done).reshape(batch, steps)
+    given = [tensordict.get(key, None) for key in (terminated_key, truncated_key)]
+    terminated, _ = stops(done, *(None if f is None else f.reshape(batch, steps) for f in given), None)
     starts = is_first.clone()
     starts[:, 1:] |= done[:, :-1]  # nothing crosses an episode's end, flagged or not
     insert = torch.zeros_like(starts)
