@@ -161,11 +161,25 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
     return runs, sorted(seeds), sorted(set.union(*ran) - seeds)
 
 
+def speed_configs(options: dict, frames: int) -> dict:
+    """The speed comparisons' Configs, built (never run) on the default task with ``--options`` and
+    checked as the grid's runs are (``frames``: their budget): ``streams``, ``sequence_burnin<K>``
+    for K of 0 and the example's burn-in, and ``collect`` for the collection speed."""
+    def checked(**recipe):
+        return checked_config(recurrent_dqn.Config, options, recurrent_dqn.envs.check_keep, recurrent_dqn.check_actions,
+                              seed=0, progress=False, total_frames=frames, **recipe)
+
+    variants = {"streams": checked(), "collect": checked()}
+    for k in (0, recurrent_dqn.Config.burn_in):
+        variants[f"sequence_burnin{k}"] = checked(replay="sequence", burn_in=k)
+    return variants
+
+
 def speed(args) -> dict[int, float]:
     """Gradient steps per second, streams over sequence, per burn-in, interleaved A/B."""
-    base = dict(seed=0, progress=False, total_frames=args.speed_frames, **{**args.options, "learning_starts": 0})  # built, never run
     buffers, losses = {}, {}
-    first = recurrent_dqn.Config(**base)
+    variants = {name: cfg for name, cfg in args.speed_configs.items() if name != "collect"}
+    first = variants["streams"]
     qnet, rnn, policy = recurrent_dqn.make_qnet(first, recurrent_dqn.envs.make_env(first))
     env = recurrent_dqn.envs.make_acting_env(first, [rnn], 0)
     with torch.no_grad():
@@ -173,9 +187,6 @@ def speed(args) -> dict[int, float]:
     env.close()
     ids = data["is_init"].squeeze(-1).long().cumsum(1) + 10_000 * torch.arange(data.shape[0]).unsqueeze(1)
     data["collector", "traj_ids"] = ids  # one id per episode of each env
-    variants = {"streams": recurrent_dqn.Config(**base)}
-    for k in (0, recurrent_dqn.Config.burn_in):
-        variants[f"sequence_burnin{k}"] = recurrent_dqn.Config(replay="sequence", burn_in=k, **base)
     for name, cfg in variants.items():
         buffers[name] = recurrent_dqn.make_buffer(cfg)
         recurrent_dqn.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
@@ -214,7 +225,7 @@ def collect_speed(args) -> float:
     from torchrl.collectors import Collector
     from torchrl_seqchunk import VectorEnvCollector
 
-    cfg = recurrent_dqn.Config(seed=0, progress=False, **args.options)
+    cfg = args.speed_configs["collect"]
     _, rnn, policy = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
     per_batch = cfg.num_envs * cfg.collect_len
     kinds = {"collector": Collector, "vector": VectorEnvCollector}
@@ -335,6 +346,8 @@ def main() -> None:
         args.options = config_options(recurrent_dqn.Config, args.options, SET_HERE)
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
+        if args.speed_only and args.no_speed:
+            raise ValueError("--speed-only and --no-speed leave nothing to run: give one of them.")
         if args.from_runs:
             if args.speed_only or hasattr(args, "seeds"):
                 raise ValueError("--from-runs compares the runs of earlier grids, over the seeds every task and "
@@ -348,6 +361,8 @@ def main() -> None:
                 checked_config(recurrent_dqn.Config, args.options, recurrent_dqn.envs.check_keep,
                                recurrent_dqn.check_actions, env=TASKS[task][0], total_frames=args.frames,
                                **RECIPES[recipe])
+            if not args.no_speed:
+                args.speed_configs = speed_configs(args.options, args.frames)
 
     args = options.parse(parser, ints={"frames": 1, "speed_frames": 64, "speed_rounds": 1, "speed_steps": 1},
                          check=check)

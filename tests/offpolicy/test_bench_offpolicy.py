@@ -53,6 +53,8 @@ def test_options_are_checked_before_anything_runs(tmp_path):
     assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
     result = command("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
     assert result.returncode == 2 and "total_frames=640, replay=streams: --learning-starts 2000" in result.stderr
+    result = command("--speed-only", "--no-speed", "--out", str(tmp_path / "x"))
+    assert result.returncode == 2 and "--speed-only and --no-speed leave nothing to run" in result.stderr
     result = command("--options", "replay=slice", "--out", str(tmp_path / "x"))  # the recipes set it
     assert result.returncode == 2 and "'replay=slice': give name=value" in result.stderr
     result = command("--options", "replay_ratio=0", "--out", str(tmp_path / "x"))
@@ -76,6 +78,13 @@ def test_options_are_checked_against_the_runs_of_the_grid():
     with pytest.raises(ValueError, match="leave no gradient step"):
         checked_config(recurrent_dqn.Config, chosen)
     assert checked_config(recurrent_dqn.Config, chosen, total_frames=100_000, replay="slice").learning_starts == 70_000
+    # the speed comparisons' Configs too, on the grid's budget (they were rebuilt on 4,096 and 60,000 frames)
+    configs = bench_offpolicy.speed_configs(chosen, 100_000)
+    assert set(configs) == {"streams", "collect", "sequence_burnin0", f"sequence_burnin{recurrent_dqn.Config.burn_in}"}
+    assert all(cfg.learning_starts == 70_000 for cfg in configs.values())
+    assert configs["sequence_burnin0"].replay == "sequence" and configs["sequence_burnin0"].burn_in == 0
+    with pytest.raises(ValueError, match="replay=sequence, burn_in=0 and --options 'stream_groups=4'"):
+        bench_offpolicy.speed_configs({"stream_groups": 4}, 100_000)  # the sequence recipe would ignore it
     assert bench_offpolicy.options_text({"replay_ratio": 16.0, "lr": 1e-3}) == "lr=0.001"  # the default left out
     assert bench_offpolicy.options_text({"replay_ratio": float(recurrent_dqn.Config.replay_ratio)}) == ""
 
