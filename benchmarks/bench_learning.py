@@ -48,7 +48,10 @@ from tqdm import tqdm
 from torchrl_seqchunk import MaskObservation
 
 TARGET, WINDOW, KEEP = 450.0, 20, (0, 2)
-SET_HERE = ("seed", "total_frames", "runs_dir", "name", "progress", "stop_at_target")  # not --options
+# not --options: set here, or the task and its metric, which the sb3 side and the summary fix (masked
+# CartPole, its 500-step limit, 450 over the last WINDOW episodes)
+SET_HERE = ("seed", "total_frames", "runs_dir", "name", "progress", "stop_at_target",
+            "env", "keep", "max_episode_steps", "return_window", "target_return")
 
 
 def masked_cartpole() -> gym.Env:
