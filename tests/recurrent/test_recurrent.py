@@ -911,6 +911,26 @@ def test_step_mode_refuses_a_state_of_another_dtype():
         lstm(td)
 
 
+@pytest.mark.parametrize("rows", [4, 64])  # auto picks fused at 4 rows of H=128, loop at 64
+@pytest.mark.parametrize("backend", ["auto", "loop", "fused"])
+def test_inputs_of_another_dtype_are_refused_whatever_the_backend(rows, backend):
+    """A float64 input, initial state or stored memory for a float32 GRU: fused would cast it, the
+    native kernels fail deep inside; every backend refuses it alike, outside autocast."""
+    gru = nn.GRU(3, 128, batch_first=True)
+    x, flags = torch.randn(rows, 5, 3), torch.zeros(rows, 5, dtype=torch.bool)
+    state, wide = torch.zeros(rows, 1, 128), torch.zeros(rows, 1, 128, dtype=torch.float64)
+    for name, args in (("x", (x.double(), flags)), ("h0", (x, flags, wide)), ("reset_state", (x, flags, state, wide.unsqueeze(1)))):
+        with pytest.raises(TypeError, match=rf"^{name} is torch.float64, the GRU's parameters torch.float32"):
+            rnn_with_resets(gru, *args, backend=backend)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts its own dtype, not float64
+        assert rnn_with_resets(gru, x.bfloat16(), flags, backend=backend)[0].shape == (rows, 5, 128)
+        with pytest.raises(TypeError, match=r"^x is torch.float64"):
+            rnn_with_resets(gru, x.double(), flags, backend=backend)
+    module = ResetRNN(gru, in_key="observation", default_recurrent_mode=True)
+    with pytest.raises(TypeError, match="x is torch.float64.*ResetRNN: x is its in_key input"):
+        module(TensorDict({"observation": x.double(), "is_first": flags.unsqueeze(-1)}, [rows, 5]))
+
+
 def test_sequence_mode_runs_no_rows_and_names_no_steps():
     module = ResetRNN(nn.GRU(F, H, batch_first=True), default_recurrent_mode=True)
     empty = TensorDict({"embed": torch.randn(0, T, F), "is_first": torch.zeros(0, T, 1, dtype=torch.bool)}, [0, T])

@@ -273,6 +273,26 @@ def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> 
 
 
 
+def _check_dtypes(rnn: nn.Module, x, h0: tuple, reset_state) -> None:
+    """A TypeError where ``x``, ``h0`` or ``reset_state`` is not in the dtype of a torch RNN's
+    parameters (or, under autocast, its lower precision): the backends differ there (``fused``
+    casts, the native kernels refuse), so the same call would cast or fail depending on the
+    batch's size."""
+    if not isinstance(rnn, (nn.RNNBase, nn.RNNCellBase)):
+        return
+    dtype = next(rnn.parameters()).dtype
+    device = x.device.type
+    allowed = {dtype, torch.get_autocast_dtype(device)} if torch.is_autocast_enabled(device) else {dtype}
+    for name, tensors in (("x", (x,)), ("h0", h0), ("reset_state", reset_state or ())):
+        for tensor in tensors:
+            if tensor.dtype not in allowed:
+                raise TypeError(
+                    f"{name} is {tensor.dtype}, the {type(rnn).__name__}'s parameters {dtype} (with ResetRNN: "
+                    f"x is its in_key input, h0 the state it starts from, reset_state the stored memory): "
+                    f"cast the tensor (.to({dtype})) or the rnn (.to({tensor.dtype}))."
+                )
+
+
 def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
     """:func:`rnn_with_resets` on flat states: checks entry shapes, runs the backend.
 
@@ -302,6 +322,7 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 f"{[[batch, time, *shape] for shape in layout.shapes]}, got "
                 f"{[list(v.shape) for v in reset_state]}."
             ) from err
+    _check_dtypes(rnn, x, h0, reset_state)
     if backend == "auto":
         backend = _pick_backend(rnn, x.device, reset)
     if backend == "loop":

@@ -85,8 +85,10 @@ def rnn_with_resets(
     Raises:
         TypeError: unsupported ``rnn``, a backend that cannot run it (``packed``
             or ``fused`` for a cell, ``fused`` for an LSTM with ``proj_size``,
-            ``scan`` for a cell without ``linear_coefficients``), or
-            non-tensor inputs.
+            ``scan`` for a cell without ``linear_coefficients``), non-tensor
+            inputs, or for an ``nn.GRU`` / ``nn.LSTM`` / torch cell an ``x``, ``h0``
+            or ``reset_state`` not in its parameters' dtype (under autocast, also
+            not in autocast's dtype).
         ValueError: wrong shapes (also ``T = 0``; ``B = 0`` is fine), TensorDict
             states whose keys differ, unknown ``backend``, a bidirectional ``rnn``.
         RuntimeError: ``backend="fused"`` under a ``torch.func`` transform.
