@@ -1,16 +1,22 @@
-"""The examples run end to end as a user runs them: a subprocess per command line."""
+"""The examples run end to end as a user runs them: a subprocess per command line (a refused
+command line is parsed in this process: the refusal comes before any work)."""
+import contextlib
 import csv
+import importlib
+import io
 import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
        "COLUMNS": "200"}  # tyro's help and errors wrap at the terminal's width
 
@@ -27,10 +33,16 @@ def run_example(script: str, *args: str, timeout: float = 300) -> str:
 
 
 def refusal(script: str, *args: str) -> str:
-    """The error of a refused command line (status 2), its words joined by single spaces."""
-    result = command(script, *args)
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stderr).split())
+    """The error of a refused command line (status 2), its words joined by single spaces: the
+    script's ``parse_args`` (every check it makes before any work) in this process, as wide as
+    a subprocess's ``COLUMNS``."""
+    module = importlib.import_module(script.removesuffix(".py"))
+    stderr = io.StringIO()
+    with mock.patch.dict(os.environ, {"COLUMNS": ENV["COLUMNS"]}), contextlib.redirect_stderr(stderr), \
+            pytest.raises(SystemExit) as refused:
+        module.parse_args(list(args))
+    assert refused.value.code == 2, (refused.value.code, stderr.getvalue()[-3000:])
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", stderr.getvalue()).split())
 
 
 def flags(help_text: str) -> list[str]:

@@ -1,9 +1,12 @@
 """benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks, a tiny speed run and the pooling of earlier grids."""
+import contextlib
+import io
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -19,6 +22,17 @@ def command(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_offpolicy.py"), *args],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+def refusal(*args: str) -> str:
+    """The error of a refused command line (argparse's status 2), run in this process: a refusal
+    comes before any work."""
+    stderr = io.StringIO()
+    with mock.patch.object(sys, "argv", ["bench_offpolicy.py", *args]), contextlib.redirect_stderr(stderr), \
+            pytest.raises(SystemExit) as refused:
+        bench_offpolicy.main()
+    assert refused.value.code == 2, (refused.value.code, stderr.getvalue()[-3000:])
+    return stderr.getvalue()
 
 
 def test_run_metrics_by_hand():
@@ -49,26 +63,26 @@ def test_frames_ratio_only_where_a_median_reaches_the_threshold():
 
 
 def test_options_are_checked_before_anything_runs(tmp_path):
-    result = command("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
-    assert result.returncode == 2 and "--recipes must start with streams" in result.stderr
-    result = command("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
-    assert result.returncode == 2 and "total_frames=640, replay=streams: --learning-starts 2000" in result.stderr
-    result = command("--speed-only", "--no-speed", "--out", str(tmp_path / "x"))
-    assert result.returncode == 2 and "--speed-only and --no-speed leave nothing to run" in result.stderr
-    result = command("--options", "replay=slice", "--out", str(tmp_path / "x"))  # the recipes set it
-    assert result.returncode == 2 and "'replay=slice': give name=value" in result.stderr
-    result = command("--options", "replay_ratio=0", "--out", str(tmp_path / "x"))
-    assert result.returncode == 2 and "--replay-ratio must be > 0.0" in result.stderr
-    for given, message in [("stop_at_target=true", "'stop_at_target=true': give name=value"),  # set here
-                           ("burn_in=5", "'burn_in=5': give name=value"),
-                           ("tau=0.01,hard_update=5", "--tau applies to --hard-update 0 only"),  # tau at its default
-                           ("lr=0.001,lr=0.002", "lr is given twice")]:
-        result = command("--options", given, "--no-speed", "--out", str(tmp_path / "x"))
-        assert result.returncode == 2 and message in result.stderr, (given, result.stderr[-2000:])
+    message = refusal("--recipes", "sequence,streams", "--out", str(tmp_path / "x"))
+    assert "--recipes must start with streams" in message
+    message = refusal("--frames", "640", "--no-speed", "--out", str(tmp_path / "x"))  # no gradient step
+    assert "total_frames=640, replay=streams: --learning-starts 2000" in message
+    message = refusal("--speed-only", "--no-speed", "--out", str(tmp_path / "x"))
+    assert "--speed-only and --no-speed leave nothing to run" in message
+    message = refusal("--options", "replay=slice", "--out", str(tmp_path / "x"))  # the recipes set it
+    assert "'replay=slice': give name=value" in message
+    message = refusal("--options", "replay_ratio=0", "--out", str(tmp_path / "x"))
+    assert "--replay-ratio must be > 0.0" in message
+    for given, expected in [("stop_at_target=true", "'stop_at_target=true': give name=value"),  # set here
+                            ("burn_in=5", "'burn_in=5': give name=value"),
+                            ("tau=0.01,hard_update=5", "--tau applies to --hard-update 0 only"),  # tau at its default
+                            ("lr=0.001,lr=0.002", "lr is given twice")]:
+        message = refusal("--options", given, "--no-speed", "--out", str(tmp_path / "x"))
+        assert expected in message, (given, message[-2000:])
     # each run checked as the example's command line is: the env's 4 observations have no index 7
-    result = command("--options", "keep=7", "--tasks", "repeat_first", "--no-speed", "--out", str(tmp_path / "x"))
-    assert result.returncode == 2 and "a run of env=popgym:popgym-RepeatFirstEasy-v0" in result.stderr
-    assert "--keep 7: keep=[7] is out of range" in result.stderr
+    message = refusal("--options", "keep=7", "--tasks", "repeat_first", "--no-speed", "--out", str(tmp_path / "x"))
+    assert "a run of env=popgym:popgym-RepeatFirstEasy-v0" in message
+    assert "--keep 7: keep=[7] is out of range" in message
     assert not (tmp_path / "x").exists()
 
 
@@ -150,6 +164,6 @@ def test_from_runs_pools_earlier_grids_over_the_seeds_every_recipe_ran(tmp_path)
     with pytest.raises(ValueError, match=re.escape("made with --options '', not 'replay_ratio=4.0'")):
         bench_offpolicy.read_runs([str(tmp_path / "a")], ["cartpole"], ["streams"], 256, {"replay_ratio": 4.0})
     for flag in (("--seeds", "1,2,3,4,5"), ("--speed-only",)):  # refused even at its default
-        result = command("--from-runs", str(tmp_path / "a"), *flag, *base, "--out", str(tmp_path / "x"))
-        assert result.returncode == 2 and "not with --speed-only or --seeds" in result.stderr
+        assert "not with --speed-only or --seeds" in refusal("--from-runs", str(tmp_path / "a"), *flag, *base,
+                                                             "--out", str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
