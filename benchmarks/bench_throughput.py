@@ -2,7 +2,8 @@
 
 The main job (``examples/recurrent_ppo.py``) with its defaults, on its default task (CartPole-v1
 observing cart position and pole angle, 8 envs) unless said otherwise; one torch thread; the
-sides of each ratio measured in turn in this process, so that machine load weighs on both:
+sides of each ratio measured in turn in this process, so that machine load weighs on both (the
+main-job runs and sb3's in ``--rounds`` interleaved rounds, each side's median kept):
 
 - ``main_job_fps_vs_sb3``: end-to-end frames/s (collection and update, from the job's start
   to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import statistics
 import time
 from pathlib import Path
 
@@ -81,14 +83,19 @@ def parse_args(argv=None):
     parser.add_argument("--popgym", default=",".join(SUITE), help='comma-separated POPGym tasks, "" for none')
     parser.add_argument("--popgym-frames", type=int, default=2048, help="frames per POPGym run")
     parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of the main job on each path (and of sb3), interleaved; each side's median "
+                             "is kept (a busy moment of the machine weighs on one round, not on one side)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
     parser.add_argument("--before", default="", help="throughput.csv of an earlier run, drawn beside this one")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.before and not Path(args.before).is_file():
         parser.error(f"--before {args.before}: no such file; give the throughput.csv of an earlier run")
     if args.quick:
-        args.frames, args.popgym_frames, args.env_frames = 512, 256, 1024
+        args.frames, args.popgym_frames, args.env_frames, args.rounds = 512, 256, 1024, 1
         if args.popgym == ",".join(SUITE):
             args.popgym = SUITE[0]
     return args
@@ -286,14 +293,21 @@ def main(argv=None) -> dict[str, float]:
     record("update_vs_compute_limit", measured["update_s"] / measured["compute_s"], "ratio")
     bar.update()
 
-    fast = record("main_job_fps_fast", job_fps(args.frames, args.seed, device=args.device, env_batching="vector"),
-                  "frames/s", f"{args.frames} frames, --env-batching vector")
-    serial = record("main_job_fps_serial", job_fps(args.frames, args.seed, device=args.device,
-                                                   env_batching="serial"), "frames/s", "--env-batching serial")
+    runs = {"vector": [], "serial": [], "sb3": []}
+    for _ in range(args.rounds):  # interleaved: each round's runs under the same load
+        for path in ("vector", "serial"):
+            runs[path].append(job_fps(args.frames, args.seed, device=args.device, env_batching=path))
+        if has_sb3:
+            runs["sb3"].append(sb3_fps(args.frames, args.seed))
+    rounds = f"median of {args.rounds} interleaved rounds"
+    fast = record("main_job_fps_fast", statistics.median(runs["vector"]), "frames/s",
+                  f"{args.frames} frames, --env-batching vector, {rounds}")
+    serial = record("main_job_fps_serial", statistics.median(runs["serial"]), "frames/s",
+                    f"--env-batching serial, {rounds}")
     record("fast_vs_serial", fast / serial, "ratio")
     bar.update()
     if has_sb3:
-        theirs = record("sb3_fps", sb3_fps(args.frames, args.seed), "frames/s", "RecurrentPPO, rl-zoo settings")
+        theirs = record("sb3_fps", statistics.median(runs["sb3"]), "frames/s", f"RecurrentPPO, rl-zoo settings, {rounds}")
         record("main_job_fps_vs_sb3", fast / theirs, "ratio")
     else:
         print("main_job_fps_vs_sb3 skipped: sb3_contrib is missing (pip install -e '.[bench]')")
