@@ -195,7 +195,7 @@ def test_manager_and_transform_take_numpy_integers():
     assert manager.maximum == 30 and type(manager.maximum) is int
     manager.record(np.array([29, 30], np.uint64), np.array([True, False]))
     assert manager.num_pending == 2
-    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 100), restore="replay", frames_per_step=np.int64(4))
+    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 99 + [1.0]), restore="replay", frames_per_step=np.int64(4))
     assert transform.frames_per_step == 4 and type(transform.frames_per_step) is int
 
 

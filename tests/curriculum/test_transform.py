@@ -169,6 +169,18 @@ def test_lag_and_success_end_the_episode():
     assert td["truncated"].item() and td["score"].item() == demo.total
 
 
+def test_rules_that_would_cut_or_pass_every_episode_are_refused():
+    # a cost per step: the demo's score falls, so an episode on its pace trails the score of
+    # max_lag steps before at its first step
+    with pytest.raises(ValueError, match="max_lag compares the score .* negative rewards"):
+        ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", max_lag=2)
+    # a demo that scores nothing: success="score" would pass every episode at its first step
+    with pytest.raises(ValueError, match="success='score' with a demo that scores nothing"):
+        ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay")
+    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", success="goal")
+    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", success="goal")
+
+
 class CorridorEnv(gym.Env):
     """Position p in 0..5: action 0 stays, 1 moves right, 2 falls in a pit (ends); every step costs 1; p = 5 ends."""
 
