@@ -103,6 +103,19 @@ def test_done_inside_a_row_equals_gae_per_episode():
         start += length
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_non_finite_value_stays_in_its_episode(bad):
+    # two episodes in one row; the second's next value is not finite (a padding, a diverged critic):
+    # the first episode's advantages are those of a row without the second (0 * inf is not 0)
+    reward, value, next_value = [1.0, 1.0, 1.0, 1.0], [0.0] * 4, [0.0, 0.0, bad, 0.0]
+    done = [False, True, False, True]
+    row = boundary_gae(make_td([reward], [value], [next_value], [done], terminated=[done]), gamma=0.9, lmbda=0.9)
+    alone = boundary_gae(make_td([reward[:2]], [value[:2]], [next_value[:2]], [done[:2]], terminated=[done[:2]]),
+                         gamma=0.9, lmbda=0.9)
+    torch.testing.assert_close(row["advantage"][:, :2], alone["advantage"])  # 1 + 0.81 * 1, then 1
+    assert row["advantage"][0, 3].item() == 1.0 and not torch.isfinite(row["advantage"][0, 2]).item()
+
+
 def test_is_first_alone_ends_the_previous_episode():
     # a stream chunk whose stale episode rest was dropped: step 1 starts an episode
     # although step 0 is not done; step 0 then bootstraps from its own next value

@@ -236,7 +236,10 @@ def _scan_entry(a, b, h0, reset_value, reset):
     b = torch.cat([h0.masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
     span = 1
     while span < b.shape[1]:
-        b = torch.cat([b[:, :span], torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])], 1)
+        # where a is 0 (a reset on the way) nothing before is read: 0 * inf or 0 * nan would carry
+        # one episode's non-finite value into another
+        reads = torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])
+        b = torch.cat([b[:, :span], torch.where(a[:, span:] == 0, b[:, span:], reads)], 1)
         a = torch.cat([a[:, :span], a[:, span:] * a[:, :-span]], 1)
         span *= 2
     return b[:, 1:]
