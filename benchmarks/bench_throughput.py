@@ -30,10 +30,7 @@ part the difference of two figures above: ``env`` the raw gymnasium step; ``torc
 the job's collector stepping the acting env (less its primers) with random actions (``acting_env_fps``: the
 transforms' rules, partial resets, the collector's own work) less ``env``;
 ``acting`` the collector with the agent less that; ``update`` the job's update per frame of a
-rollout; ``collection_share``: the parts but the update over all of them;
-``fast_vs_serial_ceiling``: a frame's time on ``SerialEnv`` (``1 / main_job_fps_serial``) over
-``update``, the ratio ``fast_vs_serial`` would reach if the fast path's collection and other
-work cost nothing (both paths run the same update). The main job's
+rollout; ``collection_share``: the parts but the update over all of them. The main job's
 other work (advantages, batching, the report) is the rest of ``1 / main_job_fps_fast``,
 measured minutes apart, so left out: on a shared machine it is within the noise.
 
@@ -328,8 +325,6 @@ def main(argv=None) -> dict[str, float]:
     for name, value in parts.items():
         record(f"frame_us_{name}", value, "us/frame", "where a frame's time goes (see the module docstring)")
     record("collection_share", 1 - parts["update"] / sum(parts.values()), "ratio")
-    record("fast_vs_serial_ceiling", 1e6 / figures["main_job_fps_serial"] / parts["update"], "ratio",
-           "a frame on SerialEnv over the update's share of one: fast_vs_serial if the fast path collected for free")
     bars = {"this run": parts}
     if args.before:
         with open(args.before) as f:

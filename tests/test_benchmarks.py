@@ -265,6 +265,4 @@ def test_throughput_ratios_follow_from_its_measurements(tmp_path):
         assert figures[ratio] == pytest.approx(figures[top] / figures[bottom], rel=1e-6), ratio
         assert printed[ratio] == pytest.approx(figures[ratio], abs=1e-3), ratio  # printed to 3 decimals
     assert figures["frame_us_env"] > 0 and figures["frame_us_update"] > 0
-    ceiling = 1e6 / figures["main_job_fps_serial"] / figures["frame_us_update"]
-    assert figures["fast_vs_serial_ceiling"] == pytest.approx(ceiling, rel=1e-6)
     assert (tmp_path / "breakdown.png").stat().st_size > 1000
