@@ -32,6 +32,7 @@ class _DiscountedSum(nn.Module):
     """The cell ``h_t = decay * h_{t-1} + x_t``, a linear recurrence for the scan backend."""
 
     hidden_size = 1
+    contain_non_finite = True  # one episode's non-finite value stays in it (the scan's 0 * inf)
 
     def __init__(self, decay: float):
         super().__init__()
