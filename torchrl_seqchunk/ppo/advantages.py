@@ -32,11 +32,11 @@ class _DiscountedSum(nn.Module):
     """The cell ``h_t = decay * h_{t-1} + x_t``, a linear recurrence for the scan backend."""
 
     hidden_size = 1
-    contain_non_finite = True  # one episode's non-finite value stays in it (the scan's 0 * inf)
 
-    def __init__(self, decay: float):
+    def __init__(self, decay: float, contain_non_finite: bool = False):
         super().__init__()
         self.decay = decay
+        self.contain_non_finite = contain_non_finite  # the scan keeps a non-finite value in its episode
 
     def linear_coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full_like(x, self.decay), x
@@ -170,8 +170,9 @@ def boundary_gae(
         bootstrap = next_value.to(value.dtype).masked_fill(terminated, 0.0)
         delta = reward.to(value.dtype) + gamma * bootstrap - value
         # backwards in time, A_{t+1} is the state before step t: reset it after a stop
+        # a non-finite delta (a diverged critic) stays in its episode, at the scan's dearer rounds
         backward, _ = rnn_with_resets(
-            _DiscountedSum(gamma * lmbda),
+            _DiscountedSum(gamma * lmbda, contain_non_finite=not bool(torch.isfinite(delta).all())),
             delta.reshape(-1, steps, 1).flip(1),
             stop.reshape(-1, steps).flip(1),
             backend="scan",

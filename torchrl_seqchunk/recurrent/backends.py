@@ -211,7 +211,7 @@ def _scan(rnn, x, reset, h0, reset_value, *, layout):
     1990): ``log2(T + 1)`` rounds of element-wise ops over the whole chunk. A reset
     at ``t`` becomes ``a_t -> 0``, ``b_t -> b_t + a_t * reset_value_t``. A non-finite value
     crosses a reset (``0 * inf``) unless the cell sets ``contain_non_finite = True``, as the
-    GAE's does (about 1.4 times the scan's time, so not by default).
+    GAE's does when its input holds one (about 1.4 times the scan's time, so not by default).
     """
     if not hasattr(rnn, "linear_coefficients"):
         raise TypeError(
