@@ -78,7 +78,9 @@ def boundary_gae(
     When ``terminated_key`` is absent it is taken as ``done & ~truncated`` (or as
     ``done`` when ``truncated_key`` is absent too, as in TorchRL). The recursion runs
     without gradient, as a parallel scan (see the module docstring): advantages and
-    value targets are detached even when the values carry a critic graph.
+    value targets are detached even when the values carry a critic graph. A non-finite
+    value or reward makes its own episode's advantages non-finite, no other's (as
+    TorchRL's vectorized kernel).
 
     Algorithm: Schulman et al., "High-Dimensional Continuous Control Using
     Generalized Advantage Estimation", ICLR 2016.
