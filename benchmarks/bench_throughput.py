@@ -3,7 +3,8 @@
 The main job (``examples/recurrent_ppo.py``) with its defaults, on its default task (CartPole-v1
 observing cart position and pole angle, 8 envs) unless said otherwise; one torch thread; the
 sides of each ratio measured in turn in this process, so that machine load weighs on both (the
-main-job runs and sb3's in ``--rounds`` interleaved rounds, each side's median kept):
+main-job runs and sb3's, and the update beside the plain compute, in ``--rounds`` interleaved
+rounds, each side's median kept):
 
 - ``main_job_fps_vs_sb3``: end-to-end frames/s (collection and update, from the job's start
   to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
@@ -81,8 +82,9 @@ def parse_args(argv=None):
     parser.add_argument("--popgym-frames", type=int, default=2048, help="frames per POPGym run")
     parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="runs of the main job on each path (and of sb3), interleaved; each side's median "
-                             "is kept (a busy moment of the machine weighs on one round, not on one side)")
+                        help="runs of the main job on each path (and of sb3), and updates beside the plain "
+                             "compute, interleaved; each side's median is kept (a busy moment of the machine "
+                             "weighs on one round, not on one side)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
     parser.add_argument("--before", default="", help="throughput.csv of an earlier run, drawn beside this one")
@@ -183,9 +185,9 @@ def random_actions(env) -> TensorDictModule:
     return TensorDictModule(lambda observation: spec.rand(), in_keys=["observation"], out_keys=["action"])
 
 
-def collect_and_update(cfg, frames: int) -> dict[str, float]:
+def collect_and_update(cfg, frames: int, rounds: int) -> dict[str, float]:
     """The collector's frames/s with random actions and with the agent, and the update's
-    seconds beside the plain compute."""
+    seconds beside the plain compute (the medians of ``rounds`` interleaved calls of each)."""
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
     env = make_env(cfg)  # the acting env less the agent's primers (random actions keep no memory)
@@ -208,9 +210,12 @@ def collect_and_update(cfg, frames: int) -> dict[str, float]:
             plain_step(networks, batch, params, optim, cfg.max_grad_norm)
 
     job_update(steps[:2]), plain_update(steps[:2])  # warm-up
-    update_s, compute_s = seconds_per_call(lambda: job_update(steps)), seconds_per_call(lambda: plain_update(steps))
-    return {"acting_env_fps": acting_env_fps, "collect_fps": collect_fps, "update_s": update_s,
-            "compute_s": compute_s, "steps": len(steps)}
+    seconds = {"update_s": [], "compute_s": []}
+    for _ in range(rounds):  # one call of each is at the mercy of one busy moment
+        seconds["update_s"].append(seconds_per_call(lambda: job_update(steps)))
+        seconds["compute_s"].append(seconds_per_call(lambda: plain_update(steps)))
+    return {"acting_env_fps": acting_env_fps, "collect_fps": collect_fps, "steps": len(steps),
+            **{name: statistics.median(values) for name, values in seconds.items()}}
 
 
 PARTS = ("env", "torchrl_env", "acting", "update")
@@ -281,7 +286,7 @@ def main(argv=None) -> dict[str, float]:
     record("vector_env_vs_env_limit", env_fps["vector"] / env_fps["raw"], "ratio")
     bar.update()
 
-    measured = collect_and_update(cfg, args.env_frames)
+    measured = collect_and_update(cfg, args.env_frames, args.rounds)
     record("acting_env_fps", measured["acting_env_fps"], "frames/s", "the job's collector and acting env, random actions")
     record("collect_fps", measured["collect_fps"], "frames/s", "the job's collector, acting env and policy")
     record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
