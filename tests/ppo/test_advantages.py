@@ -114,6 +114,18 @@ def test_a_non_finite_value_stays_in_its_episode(bad):
                          gamma=0.9, lmbda=0.9)
     torch.testing.assert_close(row["advantage"][:, :2], alone["advantage"])  # 1 + 0.81 * 1, then 1
     assert row["advantage"][0, 3].item() == 1.0 and not torch.isfinite(row["advantage"][0, 2]).item()
+    # a long float32 episode whose coefficients (0.25 ** span) underflow to 0 inside it: still
+    # non-finite before the inf, the episode before it finite
+    steps = 300
+    reward = [1.0] * steps
+    reward[-1] = bad
+    done = [False] * steps
+    done[9] = done[-1] = True
+    row = make_td([reward], [[0.0] * steps], [[0.0] * steps], [done], terminated=[done])
+    for key in ("state_value", ("next", "state_value")):  # float32: 0.25 ** 76 is 0 there
+        row[key] = row[key].float()
+    row = boundary_gae(row, gamma=0.5, lmbda=0.5)
+    assert torch.isfinite(row["advantage"][0, :10]).all() and not torch.isfinite(row["advantage"][0, 10:]).any()
 
 
 def test_is_first_alone_ends_the_previous_episode():

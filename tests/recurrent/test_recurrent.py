@@ -1,5 +1,6 @@
 """Tests for torchrl_seqchunk.recurrent: every backend against a per-step reference loop."""
 import contextlib
+import copy
 import functools
 import warnings
 
@@ -922,8 +923,9 @@ def test_inputs_of_another_dtype_are_refused_whatever_the_backend(rows, backend)
     for name, args in (("x", (x.double(), flags)), ("h0", (x, flags, wide)), ("reset_state", (x, flags, state, wide.unsqueeze(1)))):
         with pytest.raises(TypeError, match=rf"^{name} is torch.float64, the GRU's parameters torch.float32"):
             rnn_with_resets(gru, *args, backend=backend)
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts its own dtype, not float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts its own dtype and float32, not float64
         assert rnn_with_resets(gru, x.bfloat16(), flags, backend=backend)[0].shape == (rows, 5, 128)
+        assert rnn_with_resets(copy.deepcopy(gru).bfloat16(), x, flags, backend=backend)[0].shape == (rows, 5, 128)
         with pytest.raises(TypeError, match=r"^x is torch.float64"):
             rnn_with_resets(gru, x.double(), flags, backend=backend)
     module = ResetRNN(gru, in_key="observation", default_recurrent_mode=True)

@@ -229,7 +229,8 @@ def _scan(rnn, x, reset, h0, reset_value, *, layout):
 
 def _scan_entry(a, b, h0, reset_value, reset, contain: bool = False):
     """One entry of :func:`_scan`: ``a, b [B, T, *S]``, ``h0 [B, *S]`` -> ``h [B, T, *S]``;
-    ``contain``: a non-finite value stays on its side of a reset (two more ops a round)."""
+    ``contain``: a non-finite value stays on its side of a reset (two more ops a round; a
+    coefficient that underflows to 0 inside an episode still reads, as without)."""
     mask = reset.view(*reset.shape, *([1] * (h0.dim() - 1)))
     if reset_value is not None:
         b = torch.where(mask, torch.addcmul(b, a, reset_value), b)
@@ -238,11 +239,13 @@ def _scan_entry(a, b, h0, reset_value, reset, contain: bool = False):
     # reset at t = 0 never reads h0 (0 * nan would still be nan).
     a = torch.cat([torch.zeros_like(h0).unsqueeze(1), a], 1)
     b = torch.cat([h0.masked_fill(mask[:, 0], 0.0).unsqueeze(1), b], 1)
+    crossed = torch.cat([torch.zeros_like(mask[:, :1]), mask], 1) if contain else None  # a reset in a's span
     span = 1
     while span < b.shape[1]:
         reads = torch.addcmul(b[:, span:], a[:, span:], b[:, :-span])
-        if contain:  # where a is 0 (a reset on the way) nothing before is read: 0 * inf is nan
-            reads = torch.where(a[:, span:] == 0, b[:, span:], reads)
+        if contain:  # across a reset nothing before is read: its 0 times an inf would be nan
+            reads = torch.where(crossed[:, span:], b[:, span:], reads)
+            crossed = torch.cat([crossed[:, :span], crossed[:, span:] | crossed[:, :-span]], 1)
         b = torch.cat([b[:, :span], reads], 1)
         a = torch.cat([a[:, :span], a[:, span:] * a[:, :-span]], 1)
         span *= 2
@@ -289,7 +292,8 @@ def _check_dtypes(rnn: nn.Module, x, h0: tuple, reset_state) -> None:
         return
     dtype = next(rnn.parameters()).dtype
     device = x.device.type
-    allowed = {dtype, torch.get_autocast_dtype(device)} if torch.is_autocast_enabled(device) else {dtype}
+    # under autocast, float32 too: autocast casts it (a lower-precision module fed float32)
+    allowed = {dtype, torch.get_autocast_dtype(device), torch.float32} if torch.is_autocast_enabled(device) else {dtype}
     for name, tensors in (("x", (x,)), ("h0", h0), ("reset_state", reset_state or ())):
         for tensor in tensors:
             if tensor.dtype not in allowed:

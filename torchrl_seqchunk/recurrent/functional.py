@@ -87,8 +87,8 @@ def rnn_with_resets(
             or ``fused`` for a cell, ``fused`` for an LSTM with ``proj_size``,
             ``scan`` for a cell without ``linear_coefficients``), non-tensor
             inputs, or for an ``nn.GRU`` / ``nn.LSTM`` / torch cell an ``x``, ``h0``
-            or ``reset_state`` not in its parameters' dtype (under autocast, also
-            not in autocast's dtype).
+            or ``reset_state`` not in its parameters' dtype (under autocast, nor in
+            autocast's dtype or float32).
         ValueError: wrong shapes (also ``T = 0``; ``B = 0`` is fine), TensorDict
             states whose keys differ, unknown ``backend``, a bidirectional ``rnn``.
         RuntimeError: ``backend="fused"`` under a ``torch.func`` transform.
