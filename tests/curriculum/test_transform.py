@@ -172,12 +172,19 @@ def test_lag_and_success_end_the_episode():
 def test_rules_that_would_cut_or_pass_every_episode_are_refused():
     # a cost per step: the demo's score falls, so an episode on its pace trails the score of
     # max_lag steps before at its first step
-    with pytest.raises(ValueError, match="max_lag compares the score .* negative rewards"):
+    with pytest.raises(ValueError, match="max_lag=2 compares the score .*negative rewards"):
         ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", max_lag=2)
+    with pytest.raises(ValueError, match="max_lag=2"):  # returns 0, 1, 1, 0.5: 1 > 0.5 two steps on
+        ReverseCurriculum(Demo([0, 1, 1], [1.0, 0.0, -0.5]), restore="replay", max_lag=2)
+    # max_lag 0 compares the score with the demo's at the same step; a score that never falls
+    # over the lag (returns 0, 1, 0.5, 1.5) is fine
+    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", max_lag=0)
+    ReverseCurriculum(Demo([0, 1, 1], [1.0, -0.5, 1.0]), restore="replay", max_lag=2)
     # a demo that scores nothing: success="score" would pass every episode at its first step
     with pytest.raises(ValueError, match="success='score' with a demo that scores nothing"):
         ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay")
     ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", success="goal")
+    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", end_on_success=False)  # the rule is not read
     ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", success="goal")
 
 

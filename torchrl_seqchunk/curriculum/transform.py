@@ -86,9 +86,9 @@ class ReverseCurriculum(Transform):
         snapshot_every (int): ``"ale"`` cache stride in frames. Defaults to ``100``.
         frames_per_step (int): demo steps per env step (4 for an ALE env with
             frame skip 4 and a frame-level demo). Defaults to ``1``.
-        max_lag (int, optional): see above; for demos whose rewards only add up
-            (a ValueError for one with a negative reward). Defaults to ``None``
-            (no lag rule).
+        max_lag (int, optional): see above; for demos whose score only adds up
+            (a ValueError where it falls over ``max_lag`` steps). Defaults to
+            ``None`` (no lag rule).
         end_on_success (bool): truncate once the episode succeeds (see above).
             Defaults to ``True``.
         success (str): ``"score"`` (the rule above) or ``"goal"``: the env
@@ -117,7 +117,8 @@ class ReverseCurriculum(Transform):
             starting point is outside the demo, or (first restore) the demo was
             recorded in another env or holds an action outside the env's
             action space (the messages name both envs, or the step and the space),
-            ``max_lag`` with a demo that has a negative reward, or ``success="score"``
+            a ``max_lag`` over which the demo's own score falls somewhere (negative
+            rewards), or ``success="score"`` read (a manager, or ``end_on_success``)
             with a demo whose every reward is 0.
         TypeError: the restoring role sits on a batched or non-gymnasium env.
 
@@ -177,12 +178,13 @@ class ReverseCurriculum(Transform):
         snapshot_every = check_int("snapshot_every", snapshot_every, low=1)
         frames_per_step = check_int("frames_per_step", frames_per_step, low=1)
         max_lag = None if max_lag is None else check_int("max_lag", max_lag, low=0)
-        if max_lag is not None and np.any(np.asarray(demo.rewards) < 0):
+        returns = np.asarray(demo.returns)
+        if max_lag and np.any(returns[:-max_lag] > returns[max_lag:]):
             raise ValueError(
-                "max_lag compares the score with the demo's score max_lag steps earlier, which assumes rewards "
-                "that only add up (game points); this demo has negative rewards (a cost per step: its score "
-                "falls), where an episode on the demo's own pace would be cut at its first step. Leave "
-                "max_lag=None (a time limit bounds such episodes)."
+                f"max_lag={max_lag} compares the score with the demo's score max_lag steps earlier, which "
+                "assumes rewards that add up (game points); this demo's score falls over max_lag steps "
+                "somewhere (negative rewards, a cost per step), where an episode on the demo's own pace "
+                "would be cut. Leave max_lag=None (a time limit bounds such episodes)."
             )
         seed = demo.seed if seed is None else seed
         if restore == "replay":
@@ -201,7 +203,7 @@ class ReverseCurriculum(Transform):
         self.terminated_key = terminated_key
         if success not in ("score", "goal"):
             raise ValueError(f"success must be 'score' or 'goal', got {success!r}.")
-        if success == "score" and not np.any(demo.rewards):
+        if success == "score" and not np.any(demo.rewards) and (manager is not None or end_on_success):
             raise ValueError(
                 "success='score' with a demo that scores nothing (every reward 0) counts every episode a "
                 "success at its first step; pass success='goal' (the env's own termination), or a demo whose "
