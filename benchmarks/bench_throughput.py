@@ -81,20 +81,22 @@ def parse_args(argv=None):
     parser.add_argument("--popgym", default=",".join(SUITE), help='comma-separated POPGym tasks, "" for none')
     parser.add_argument("--popgym-frames", type=int, default=2048, help="frames per POPGym run")
     parser.add_argument("--env-frames", type=int, default=8192, help="frames per env-alone and collector timing")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=None,
                         help="runs of the main job on each path (and of sb3), and updates beside the plain "
                              "compute, interleaved; each side's median is kept (a busy moment of the machine "
-                             "weighs on one round, not on one side)")
+                             "weighs on one round, not on one side); default 3, 1 with --quick")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_throughput", help="output folder")
     parser.add_argument("--before", default="", help="throughput.csv of an earlier run, drawn beside this one")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     if args.before and not Path(args.before).is_file():
         parser.error(f"--before {args.before}: no such file; give the throughput.csv of an earlier run")
     if args.quick:
-        args.frames, args.popgym_frames, args.env_frames, args.rounds = 512, 256, 1024, 1
+        args.frames, args.popgym_frames, args.env_frames = 512, 256, 1024
         if args.popgym == ",".join(SUITE):
             args.popgym = SUITE[0]
     return args

@@ -40,7 +40,7 @@ def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
     ValueError names the item and the fix. Check the runs they make with :func:`checked_config`."""
     fields, hints = {f.name: f for f in dataclasses.fields(config)}, typing.get_type_hints(config)
     chosen = {}
-    for item in filter(None, re.split(r",(?=\w+=)", text)):
+    for item in filter(None, re.split(r",+(?=\w+=)", text.strip(","))):
         name, _, value = item.partition("=")
         if name not in fields or name in set_here or not value:
             raise ValueError(f"--options {item!r}: give name=value, name a field of the example's Config that the "

@@ -137,6 +137,13 @@ def test_options_values_may_hold_commas():
     assert toolkit.config_options(config, "gamma=0.98,keep=all", ()) == {"gamma": 0.98, "keep": "all"}
     with pytest.raises(ValueError, match="'lr=0.001,5': lr takes a float"):
         toolkit.config_options(config, "lr=0.001,5", ())
+    assert toolkit.config_options(config, ",gamma=0.98,,lr=0.001,", ()) == {"gamma": 0.98, "lr": 0.001}
+
+
+def test_throughput_rounds_default_to_three_and_one_when_quick_unless_given():
+    import bench_throughput
+    assert [bench_throughput.parse_args(argv).rounds for argv in ([], ["--quick"], ["--quick", "--rounds", "5"])] \
+        == [3, 1, 5]
 
 
 @pytest.mark.parametrize("script, args, message", [
