@@ -97,7 +97,11 @@ class DistConfig(Config):
     """ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local cluster on 127.0.0.1, without
     dashboard, for the run"""
     APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
-        **Config.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)")}
+        **Config.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)"),
+        # no flags here; a Config built in code that sets them is refused (they would be ignored)
+        **{name: (None, (), " (distributed_ppo batches stream chunks only)")
+           for name in ("boundary_mode", "window", "stride", "minibatches")},
+        "obs_norm_until": (None, (), " (each worker's env keeps observation statistics of its own, never frozen)")}
 
     def default_name(self) -> str:
         env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)

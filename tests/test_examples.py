@@ -166,6 +166,15 @@ def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
         assert "--address applies to --engine ray only (it names the Ray cluster to join)" in message
 
 
+def test_distributed_ppo_config_built_in_code_refuses_what_it_would_ignore():
+    import distributed_ppo
+    for field, value, flag in (("window", 64, "--window"), ("boundary_mode", "mask", "--boundary-mode"),
+                               ("obs_norm_until", 0.4, "--obs-norm-until")):
+        with pytest.raises(ValueError, match=f"^{flag} does not apply here"):
+            distributed_ppo.DistConfig(**{field: value}).check()
+    distributed_ppo.DistConfig().check()
+
+
 def test_reverse_curriculum_refuses_the_curriculums_options_without_it():
     for name, value in (("--spread", "8"), ("--nudge", "4"), ("--move-threshold", "0.1"), ("--margin", "3")):
         message = refusal("reverse_curriculum.py", "--no-curriculum", name, value)
