@@ -1,6 +1,4 @@
 """benchmarks/bench_offpolicy.py: its per-run metrics by hand, its option checks, a tiny speed run and the pooling of earlier grids."""
-import contextlib
-import io
 import os
 import re
 import subprocess
@@ -15,6 +13,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_offpolicy  # noqa: E402
 import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py, on the path through benchmarks/toolkit.py
+from refusals import refused  # noqa: E402  tests/refusals.py
 from toolkit import checked_config  # noqa: E402
 
 
@@ -27,12 +26,8 @@ def command(*args: str) -> subprocess.CompletedProcess:
 def refusal(*args: str) -> str:
     """The error of a refused command line (argparse's status 2), run in this process: a refusal
     comes before any work."""
-    stderr = io.StringIO()
-    with mock.patch.object(sys, "argv", ["bench_offpolicy.py", *args]), contextlib.redirect_stderr(stderr), \
-            pytest.raises(SystemExit) as refused:
-        bench_offpolicy.main()
-    assert refused.value.code == 2, (refused.value.code, stderr.getvalue()[-3000:])
-    return stderr.getvalue()
+    with mock.patch.object(sys, "argv", ["bench_offpolicy.py", *args]):
+        return refused(bench_offpolicy.main)
 
 
 def test_run_metrics_by_hand():
