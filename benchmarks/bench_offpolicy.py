@@ -169,7 +169,8 @@ def speed_configs(options: dict, frames: int) -> dict:
         return checked_config(recurrent_dqn.Config, options, recurrent_dqn.envs.check_keep, recurrent_dqn.check_actions,
                               seed=0, progress=False, total_frames=frames, **recipe)
 
-    variants = {"streams": checked(), "collect": checked()}
+    streams = checked()
+    variants = {"streams": streams, "collect": streams}  # the collection speed runs the streams recipe's Config
     for k in (0, recurrent_dqn.Config.burn_in):
         variants[f"sequence_burnin{k}"] = checked(replay="sequence", burn_in=k)
     return variants
