@@ -3,8 +3,8 @@
 The main job (``examples/recurrent_ppo.py``) with its defaults, on its default task (CartPole-v1
 observing cart position and pole angle, 8 envs) unless said otherwise; one torch thread; the
 sides of each ratio measured in turn in this process, so that machine load weighs on both (the
-main-job runs and sb3's, and the update beside the plain compute, in ``--rounds`` interleaved
-rounds, each side's median kept):
+main-job runs and sb3's; the collectors, the raw env and the acting floor; the update beside
+the plain compute: each group in ``--rounds`` interleaved rounds, each figure's median kept):
 
 - ``main_job_fps_vs_sb3``: end-to-end frames/s (collection and update, from the job's start
   to its last iteration) over sb3-contrib ``RecurrentPPO`` with the rl-zoo CartPoleNoVel-v1
@@ -16,6 +16,12 @@ rounds, each side's median kept):
 - ``collect_vs_env_limit``: frames/s of the job's collector (``VectorEnvCollector``) stepping
   its acting env on the vector path (its transforms and primers) with its actor and critic, over
   the same gymnasium envs in a raw ``SyncVectorEnv`` stepped with random actions (numpy, no TorchRL);
+- ``acting_floor_vs_env_limit``: the same raw gymnasium envs stepped by the agent's networks
+  alone on plain tensors (encoders, the native cell kernel per recurrent layer, heads, the
+  critic's value, a categorical draw and its log-probability; no transform, reset of the
+  memory or storage), over random actions: the most
+  ``collect_vs_env_limit`` could reach with these networks in eager PyTorch; and
+  ``collect_vs_acting_floor``, the job's collector over that floor;
 - ``update_vs_compute_limit``: seconds of the job's update on one rollout (``update`` over
   its windows, ``epochs x minibatches`` steps) over the same steps of plain forward and
   backward of the same networks on the same batch (encoder, ``nn.GRU`` without resets,
@@ -123,20 +129,77 @@ def random_env_fps(env, frames: int) -> float:
     return steps * env.batch_size[0] / (time.perf_counter() - start)
 
 
-def raw_env_fps(num_envs: int, frames: int, **make_kwargs) -> float:
-    """frames/s of the same gymnasium envs in a SyncVectorEnv without autoreset, random actions,
-    the envs that end reset by mask: what stepping them costs without TorchRL."""
+def raw_env_fps(num_envs: int, frames: int, act=None, **make_kwargs) -> float:
+    """frames/s of the same gymnasium envs in a SyncVectorEnv without autoreset, the envs that
+    end reset by mask: what stepping them costs without TorchRL. ``act(observation) -> actions``
+    (numpy in, numpy out) chooses the actions; None: random ones."""
     raw = make_vector_env(TASK, num_envs, DEFAULT_KEEP[TASK], **make_kwargs)._env  # the gymnasium env
-    raw.reset(seed=0)
+    obs, _ = raw.reset(seed=0)
     raw.action_space.seed(0)
+    act = act or (lambda _: raw.action_space.sample())
     steps = frames // num_envs
     start = time.perf_counter()
     for _ in range(steps):
-        _, _, terminated, truncated, _ = raw.step(raw.action_space.sample())
+        obs, _, terminated, truncated, _ = raw.step(act(obs))
         done = terminated | truncated
         if done.any():
-            raw.reset(options={"reset_mask": done})
+            obs, _ = raw.reset(options={"reset_mask": done})
     return steps * num_envs / (time.perf_counter() - start)
+
+
+def network_actions(actor, critic, num_envs: int):
+    """``act(observation)`` for :func:`raw_env_fps`: the agent's networks alone on plain tensors
+    (encoders, one native cell kernel per recurrent layer, heads; the critic's value too, as the
+    job computes it when acting), an action drawn from the actor's logits with its
+    log-probability; no transform, no reset of the memory, nothing stored. What acting
+    costs at the least with these networks in eager PyTorch (a discrete actor)."""
+    networks = [plain_modules(actor), plain_modules(critic)]
+    device = next(actor.parameters()).device
+    states = [[_zero_state(m, num_envs, device) for m in modules] for modules in networks]
+
+    @torch.no_grad()
+    def act(obs):
+        x = torch.from_numpy(obs).float().to(device)
+        outputs = []
+        for modules, held in zip(networks, states):
+            y = x
+            for index, module in enumerate(modules):
+                if isinstance(module, nn.RNNBase):
+                    y, held[index] = _cell_steps(module, y, held[index])
+                else:
+                    y = module(y)
+            outputs.append(y)
+        logits = outputs[0].flatten(1)
+        log_p = logits - logits.logsumexp(-1, keepdim=True)
+        action = torch.multinomial(log_p.exp(), 1)
+        log_p.gather(-1, action)
+        return action.view(-1).cpu().numpy()
+
+    return act
+
+
+def _zero_state(module: nn.Module, rows: int, device):
+    if not isinstance(module, nn.RNNBase):
+        return None
+    h = torch.zeros(module.num_layers, rows, module.hidden_size, device=device)
+    return (h, h.clone()) if isinstance(module, nn.LSTM) else h
+
+
+def _cell_steps(rnn: nn.RNNBase, x: torch.Tensor, state):
+    """One step of every layer of an ``nn.GRU`` / ``nn.LSTM`` with its native cell kernel."""
+    new = []
+    for layer in range(rnn.num_layers):
+        weights = [getattr(rnn, f"{name}_l{layer}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        if isinstance(rnn, nn.LSTM):
+            h, c = torch.lstm_cell(x, (state[0][layer], state[1][layer]), *weights)
+            new.append((h, c))
+        else:
+            h = torch.gru_cell(x, state[layer], *weights)
+            new.append(h)
+        x = h
+    if isinstance(rnn, nn.LSTM):
+        return x, (torch.stack([h for h, _ in new]), torch.stack([c for _, c in new]))
+    return x, torch.stack(new)
 
 
 def plain_modules(module) -> list[nn.Module]:
@@ -166,19 +229,22 @@ def plain_step(networks, batch, params, optim, max_grad_norm: float) -> None:
     optim.step()
 
 
-def collector_fps(cfg, env, policy, frames: int) -> tuple[float, list]:
-    """frames/s of the job's collector (``make_collector``: VectorEnvCollector on the vector env)
-    over the job's rollouts after one warm-up rollout, and the rollouts."""
+def collector_rounds(cfg, env, policy, frames: int):
+    """The job's collector (``make_collector``: VectorEnvCollector on the vector env) after one
+    warm-up rollout: ``(collector, timed, kept)``, ``timed()`` the frames/s of the next
+    ``frames`` (whole rollouts) and ``kept`` the rollouts of its last call."""
     per_batch = cfg.num_envs * cfg.rollout_len
-    collector = make_collector(cfg, env, policy, per_batch, per_batch * (1 + max(1, frames // per_batch)))
+    collector = make_collector(cfg, env, policy, per_batch, -1)
     batches = iter(collector)
     next(batches)  # warm-up
-    start = time.perf_counter()
-    rollouts = list(batches)
-    fps = sum(r.numel() for r in rollouts) / (time.perf_counter() - start)
-    collector.shutdown()
-    torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
-    return fps, rollouts
+    kept = []
+
+    def timed() -> float:
+        start = time.perf_counter()
+        kept[:] = [next(batches) for _ in range(max(1, frames // per_batch))]
+        return sum(r.numel() for r in kept) / (time.perf_counter() - start)
+
+    return collector, timed, kept
 
 
 def random_actions(env) -> TensorDictModule:
@@ -188,15 +254,28 @@ def random_actions(env) -> TensorDictModule:
 
 
 def collect_and_update(cfg, frames: int, rounds: int) -> dict[str, float]:
-    """The collector's frames/s with random actions and with the agent, and the update's
-    seconds beside the plain compute (the medians of ``rounds`` interleaved calls of each)."""
+    """The collector's frames/s with random actions and with the agent, the raw env's, the
+    acting floor's (:func:`network_actions`), and the update's seconds beside the plain
+    compute: the medians of ``rounds`` interleaved calls of each."""
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
     actor, critic = actor.to(cfg.device), critic.to(cfg.device)
     env = make_env(cfg)  # the acting env less the agent's primers (random actions keep no memory)
     env.set_seed(cfg.seed)
-    acting_env_fps, _ = collector_fps(cfg, env, random_actions(env), frames)
-    collect_fps, rollouts = collector_fps(cfg, make_acting_env(cfg, rnns, cfg.seed),
-                                          TensorDictSequential(actor, critic), frames)
+    collectors, timers = [], {}
+    for name, acting_env, policy in [("acting_env_fps", env, random_actions(env)),
+                                     ("collect_fps", make_acting_env(cfg, rnns, cfg.seed),
+                                      TensorDictSequential(actor, critic))]:
+        collector, timers[name], rollouts = collector_rounds(cfg, acting_env, policy, frames)
+        collectors.append(collector)
+    timers["env_fps_raw"] = lambda: raw_env_fps(cfg.num_envs, frames)
+    timers["acting_floor_fps"] = lambda: raw_env_fps(cfg.num_envs, frames, network_actions(actor, critic, cfg.num_envs))
+    fps = {name: [] for name in timers}
+    for _ in range(rounds):  # interleaved: each round's figures under the same load
+        for name, timed in timers.items():
+            fps[name].append(timed())
+    for collector in collectors:
+        collector.shutdown()
+    torch.set_num_threads(1)  # TorchRL's batched env raises the thread count when it closes
 
     batching = make_batching(cfg, rnns, cfg.num_envs * cfg.rollout_len)
     steps = batching.batches(add_advantages(cfg, critic, rollouts[-1]))
@@ -216,8 +295,7 @@ def collect_and_update(cfg, frames: int, rounds: int) -> dict[str, float]:
     for _ in range(rounds):  # one call of each is at the mercy of one busy moment
         seconds["update_s"].append(seconds_per_call(lambda: job_update(steps)))
         seconds["compute_s"].append(seconds_per_call(lambda: plain_update(steps)))
-    return {"acting_env_fps": acting_env_fps, "collect_fps": collect_fps, "steps": len(steps),
-            **{name: statistics.median(values) for name, values in seconds.items()}}
+    return {"steps": len(steps), **{name: statistics.median(values) for name, values in {**fps, **seconds}.items()}}
 
 
 PARTS = ("env", "torchrl_env", "acting", "update")
@@ -280,18 +358,25 @@ def main(argv=None) -> dict[str, float]:
 
     n, keep = cfg.num_envs, DEFAULT_KEEP[TASK]
     env_fps = {"vector": random_env_fps(make_vector_env(TASK, n, keep), args.env_frames),
-               "serial": random_env_fps(SerialEnv(n, lambda: make_masked_env(TASK, keep)), args.env_frames),
-               "raw": raw_env_fps(n, args.env_frames)}
+               "serial": random_env_fps(SerialEnv(n, lambda: make_masked_env(TASK, keep)), args.env_frames)}
     for side, fps in env_fps.items():
         record(f"env_fps_{side}", fps, "frames/s", f"{n} envs of {TASK} {keep}, random actions")
     record("vector_env_vs_serial_env", env_fps["vector"] / env_fps["serial"], "ratio")
-    record("vector_env_vs_env_limit", env_fps["vector"] / env_fps["raw"], "ratio")
     bar.update()
 
     measured = collect_and_update(cfg, args.env_frames, args.rounds)
-    record("acting_env_fps", measured["acting_env_fps"], "frames/s", "the job's collector and acting env, random actions")
-    record("collect_fps", measured["collect_fps"], "frames/s", "the job's collector, acting env and policy")
-    record("collect_vs_env_limit", measured["collect_fps"] / env_fps["raw"], "ratio")
+    rounds = f"median of {args.rounds} interleaved rounds"
+    raw = record("env_fps_raw", measured["env_fps_raw"], "frames/s",
+                 f"{n} envs of {TASK} {keep} in raw gymnasium, random actions, {rounds}")
+    record("vector_env_vs_env_limit", env_fps["vector"] / raw, "ratio")
+    record("acting_env_fps", measured["acting_env_fps"], "frames/s",
+           f"the job's collector and acting env, random actions, {rounds}")
+    record("collect_fps", measured["collect_fps"], "frames/s", f"the job's collector, acting env and policy, {rounds}")
+    record("acting_floor_fps", measured["acting_floor_fps"], "frames/s",
+           f"raw gymnasium stepped by the agent's networks alone on plain tensors, {rounds}")
+    record("collect_vs_env_limit", measured["collect_fps"] / raw, "ratio")
+    record("acting_floor_vs_env_limit", measured["acting_floor_fps"] / raw, "ratio")
+    record("collect_vs_acting_floor", measured["collect_fps"] / measured["acting_floor_fps"], "ratio")
     record("update_s", measured["update_s"], "s", f"{measured['steps']} gradient steps on one rollout")
     record("compute_s", measured["compute_s"], "s", "plain forward and backward, same networks and batches")
     record("update_vs_compute_limit", measured["update_s"] / measured["compute_s"], "ratio")
@@ -303,7 +388,6 @@ def main(argv=None) -> dict[str, float]:
             runs[path].append(job_fps(args.frames, args.seed, device=args.device, env_batching=path))
         if has_sb3:
             runs["sb3"].append(sb3_fps(args.frames, args.seed))
-    rounds = f"median of {args.rounds} interleaved rounds"
     fast = record("main_job_fps_fast", statistics.median(runs["vector"]), "frames/s",
                   f"{args.frames} frames, --env-batching vector, {rounds}")
     serial = record("main_job_fps_serial", statistics.median(runs["serial"]), "frames/s",

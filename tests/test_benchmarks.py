@@ -11,6 +11,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -140,6 +141,23 @@ def test_throughput_rounds_default_to_three_and_one_when_quick_unless_given():
         == [3, 1, 5]
 
 
+@pytest.mark.parametrize("rnn_class", [torch.nn.GRU, torch.nn.LSTM])
+def test_throughput_floor_steps_the_rnn_as_the_rnn_steps_itself(rnn_class):
+    import bench_throughput
+    torch.manual_seed(0)
+    rnn = rnn_class(3, 5, num_layers=2)  # time-major: a step is [1, N, F]
+    x = torch.randn(4, 3)
+    state = bench_throughput._zero_state(rnn, 4, torch.device("cpu"))
+    state = tuple(s + torch.randn_like(s) for s in state) if rnn_class is torch.nn.LSTM else state + torch.randn_like(state)
+    with torch.no_grad():
+        y, new = bench_throughput._cell_steps(rnn, x, state)
+        expected_y, expected_new = rnn(x[None], state)
+    torch.testing.assert_close(y, expected_y[0])
+    for got, want in zip(new if rnn_class is torch.nn.LSTM else (new,),
+                         expected_new if rnn_class is torch.nn.LSTM else (expected_new,)):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("bench_memory.py", ["--frames", "0"], "--frames must be >= 1"),
     ("bench_memory.py", ["--seeds", "0,0"], "--seeds lists a value twice"),
@@ -262,7 +280,9 @@ def test_throughput_ratios_follow_from_its_measurements(tmp_path):
     for ratio, (top, bottom) in {"collect_vs_env_limit": ("collect_fps", "env_fps_raw"),
                                  "update_vs_compute_limit": ("update_s", "compute_s"),
                                  "fast_vs_serial": ("main_job_fps_fast", "main_job_fps_serial"),
-                                 "vector_env_vs_serial_env": ("env_fps_vector", "env_fps_serial")}.items():
+                                 "vector_env_vs_serial_env": ("env_fps_vector", "env_fps_serial"),
+                                 "acting_floor_vs_env_limit": ("acting_floor_fps", "env_fps_raw"),
+                                 "collect_vs_acting_floor": ("collect_fps", "acting_floor_fps")}.items():
         assert figures[ratio] == pytest.approx(figures[top] / figures[bottom], rel=1e-6), ratio
         assert printed[ratio] == pytest.approx(figures[ratio], abs=1e-3), ratio  # printed to 3 decimals
     assert figures["frame_us_env"] > 0 and figures["frame_us_update"] > 0
