@@ -819,6 +819,90 @@ def test_single_env_cut_by_reset_at_each_iter_is_told_the_right_cause():
     assert chunk["is_first"].squeeze(-1).tolist() == [[True, False, False]]
 
 
+def restarted(obs, traj, done, init=True):
+    """Steps of one env: obs as given, its trajectory id, done flags, is_init at its first step
+    (``init=False``: no is_init stored)."""
+    n = len(obs)
+    data = TensorDict({"obs": torch.tensor(obs), ("collector", "traj_ids"): torch.full((n,), traj),
+                       ("next", "done"): torch.tensor(done).reshape(n, 1)}, [n])
+    if init:
+        data["is_init"] = (torch.arange(n) == 0).reshape(n, 1)
+    return data
+
+
+def pieces(chunk):
+    """Row 0's obs cut where is_first is set: the episodes (the first and last maybe cut by
+    the chunk's start and end)."""
+    out = []
+    for t, (obs, first) in enumerate(zip(chunk["obs"][0].tolist(), chunk["is_first"][0, :, 0].tolist())):
+        if first or not t:
+            out.append([])
+        out[-1].append(obs)
+    return out
+
+
+@pytest.mark.parametrize("through_state", [False, True])
+def test_a_collector_restarted_under_the_same_ids_never_joins_the_open_trajectory(through_state):
+    # run 1 leaves trajectory 0 open (no done); the restarted collector numbers from 0 again
+    before = restarted([100, 101, 102], 0, [False, False, False])
+    after = restarted([0, 1], 0, [False, True])
+    rb = buffer(1, 5, traj_key=("collector", "traj_ids"))
+    rb.extend(before)
+    if through_state:  # as after a checkpoint: a new buffer, the sampler's state loaded
+        state = rb.sampler.state_dict()
+        rb = buffer(1, 5, traj_key=("collector", "traj_ids"))
+        rb.extend(before)
+        rb.sampler.load_state_dict(state)
+    rb.extend(after)
+    assert pieces(rb.sample()) == [[0, 1], [0, 1], [0]]  # the cut trajectory is never drawn
+    # with only_complete=False it is drawn as it is, an episode of its own
+    rb = buffer(1, 10, traj_key=("collector", "traj_ids"), only_complete=False)
+    rb.extend(before)
+    rb.extend(after)
+    drawn = [p for _ in range(4) for p in pieces(rb.sample())]  # a stream goes on across chunks
+    assert all(p in ([100, 101, 102], [0, 1]) or p in ([100], [100, 101], [101, 102], [102], [0], [1])
+               for p in drawn), drawn
+    assert [100, 101, 102] in drawn and [0, 1] in drawn
+
+
+def test_a_restart_without_trajectory_ids_is_cut_and_with_ids_alone_ends_the_episode():
+    before = restarted([100, 101, 102], 0, [False, False, False])
+    after = restarted([0, 1], 0, [False, True])
+    rb = buffer(1, 4)  # end flags alone: one open episode, cut by the new start
+    rb.extend(before)
+    rb.extend(after)
+    assert pieces(rb.sample()) == [[0, 1], [0, 1]]
+    # ids alone (no done stored): the start ends (100, 101, 102) as an id change ends (0, 1)
+    rb = buffer(1, 12, traj_key=("collector", "traj_ids"))
+    for data in (before, after, restarted([7], 1, [False])):
+        rb.extend(data.exclude(("next", "done")))
+    drawn = pieces(rb.sample())
+    assert all(p in ([100, 101, 102], [0, 1]) for p in drawn[:-1]), drawn
+    assert [100, 101, 102] in drawn and [0, 1] in drawn
+
+
+def test_without_is_init_or_with_init_key_none_a_restart_cannot_be_told():
+    before = restarted([100, 101, 102], 0, [False, False, False], init=False)
+    after = restarted([0, 1], 0, [False, True], init=False)
+    rb = buffer(1, 5, traj_key=("collector", "traj_ids"))
+    rb.extend(before)
+    rb.extend(after)
+    assert rb.sample()["obs"].tolist() == [[100, 101, 102, 0, 1]]  # the documented limit
+    rb = buffer(1, 5, traj_key=("collector", "traj_ids"), init_key=None)
+    rb.extend(restarted([100, 101, 102], 0, [False] * 3))
+    rb.extend(restarted([0, 1], 0, [False, True]))
+    assert rb.sample()["obs"].tolist() == [[100, 101, 102, 0, 1]]
+
+
+def test_non_bool_init_flags_are_refused_by_name():
+    data = restarted([0, 1], 0, [False, True])
+    data["is_init"] = data["is_init"].long()
+    rb = buffer(1, 2, traj_key=("collector", "traj_ids"))
+    rb.extend(data)
+    with pytest.raises(TypeError, match="init_key 'is_init' must hold bool flags, got dtype torch.int64"):
+        rb.sample()
+
+
 def test_resume_keeps_which_episode_owns_each_slot():
     """A running trajectory that lost its first slots to a finished episode must not claim
     them back on load: overwriting them later must still remove that episode."""

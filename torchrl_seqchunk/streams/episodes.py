@@ -112,11 +112,16 @@ class _EpisodeTracker:
     With end flags alone there is one open episode. With trajectory ids and end flags an
     episode ends at its end flag only (steps are filed under their trajectory id, so the
     envs of a flattened collector batch stay apart). With trajectory ids alone an episode
-    ends where the id changes.
+    ends where the id changes. A stored start flag (``init_key``, TorchRL's ``is_init``)
+    starts an episode: with end flags, an open episode of the same trajectory id is *cut*
+    (it never ends: a collector restarted under the same ids, as after a checkpoint), never
+    filed, and drawable as it is only with ``only_complete=False``; with ids alone the
+    flag ends the previous episode as an id change does.
     """
 
-    def __init__(self, end_key, traj_key, only_complete):
+    def __init__(self, end_key, traj_key, only_complete, init_key=None):
         self.end_key, self.traj_key, self.only_complete = end_key, traj_key, only_complete
+        self.init_key = init_key
         self.episodes = _Episodes()
         self.owner = torch.full((0,), -1, dtype=torch.long)  # episode id per slot, -1 none
         self.open = {}  # trajectory id (a tuple; None without stitching) -> _Open
@@ -175,13 +180,14 @@ class _EpisodeTracker:
         the sampler saw it). The data is checked before anything changes, so after an
         error the tracker is as it was."""
         ends, traj, lost_before, stitch = self._read_steps(data, slots, alive, after_loss)
+        starts = self._flags(data, self.init_key, slots[alive], "init_key", "starts")
         self._warn_lost(int((~alive).sum()), after_loss, stitch)
         if self.owner.numel() < data.shape[0]:
             grown = torch.full((data.shape[0],), -1, dtype=torch.long)
             grown[: self.owner.numel()] = self.owner
             self.owner = grown
         losing = self._forget_overwritten(slots)
-        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch)
+        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch, starts)
         for key, entry in losing:  # none of its steps left: forget it
             if entry.stored == 0 and self.open.get(key) is entry:
                 del self.open[key]
@@ -192,30 +198,36 @@ class _EpisodeTracker:
         lost_just_before = torch.cat([torch.tensor([after_loss]), ~alive[:-1]])
         lost_before = lost_just_before[alive]
         slots = slots[alive]
-        ends = self._read(data, self.end_key, slots, required=self.traj_key is None)
-        stitch = ends is not None and self.traj_key is not None  # file steps per trajectory
+        ends = self._flags(data, self.end_key, slots, "end_key", "ends", required=self.traj_key is None)
+        # with both, steps are filed per trajectory
+        stitch = self.traj_key is not None and data.get(self.end_key, default=None) is not None
         if stitch:  # a lost step may be any trajectory's: none written after it is whole
             lost_before = lost_just_before.cumsum(0)[alive] > 0
-        if ends is None:
-            ends = torch.zeros(slots.numel(), dtype=torch.bool)
-        elif ends.dtype != torch.bool:
-            raise TypeError(
-                f"end_key {self.end_key!r} must hold bool flags, got dtype {ends.dtype}; "
-                "store done flags as torch.bool (TorchRL's convention) or cast them before "
-                "rb.extend."
-            )
-        if ends.shape[1:].numel() != 1:
-            raise ValueError(
-                f"end_key {self.end_key!r} must hold one flag per step, shaped [N] or [N, 1], "
-                f"got {list(ends.shape[1:])} per step; store the step's own done flag (as "
-                "TorchRL's samplers require), not a reduction of several."
-            )
-        ends = ends.reshape(-1)  # last step of an episode
         if self.traj_key is None:
             self._check_not_interleaved(data, slots, ends, lost_before)
             return ends, None, lost_before, stitch
         traj = self._read(data, self.traj_key, slots, required=True)
         return ends, traj.reshape(slots.numel(), -1), lost_before, stitch
+
+    def _flags(self, data, key, slots, name: str, what: str, required: bool = False) -> torch.Tensor:
+        """bool ``[n]``: the flags stored under ``key`` at ``slots`` (all False where ``key`` is
+        None or absent and not ``required``); a TypeError / ValueError naming ``name`` for
+        flags of another dtype or more than one per step."""
+        flags = None if key is None else self._read(data, key, slots, required=required)
+        if flags is None:
+            return torch.zeros(slots.numel(), dtype=torch.bool)
+        if flags.dtype != torch.bool:
+            raise TypeError(
+                f"{name} {key!r} must hold bool flags, got dtype {flags.dtype}; store them as "
+                "torch.bool (TorchRL's convention) or cast them before rb.extend."
+            )
+        if flags.shape[1:].numel() != 1:
+            raise ValueError(
+                f"{name} {key!r} must hold one flag per step, shaped [N] or [N, 1], got "
+                f"{list(flags.shape[1:])} per step; store the step's own flag (the step {what} an "
+                "episode), as TorchRL's samplers require, not a reduction of several."
+            )
+        return flags.reshape(-1)
 
     @staticmethod
     def _warn_lost(overwritten: int, after_loss: bool, stitch: bool) -> None:
@@ -255,9 +267,11 @@ class _EpisodeTracker:
                 self.episodes.remove(episode)
         return losing
 
-    def _file_runs(self, slots, stamps, ends, traj, lost_before, stitch) -> None:
-        """Cuts the new steps into runs of one episode each and extends or closes them."""
+    def _file_runs(self, slots, stamps, ends, traj, lost_before, stitch, starts) -> None:
+        """Cuts the new steps into runs of one episode each and extends, closes or cuts them."""
         cut_after = ends.clone()  # cut_after: last step of a run of one episode
+        cut_after[:-1] |= starts[1:]
+        ids_alone = traj is not None and not stitch
         if traj is not None:
             cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
             if not stitch:  # the id alone delimits episodes
@@ -270,6 +284,8 @@ class _EpisodeTracker:
             if start == stop:
                 continue
             key = None if traj is None else tuple(traj[start].tolist())
+            if starts[start] and key in self.open:  # an episode starts where one is open
+                self._close(key) if ids_alone else self._cut(key)
             entry = self.open.setdefault(key, _Open(int(stamps[start]), [], True))
             entry.extend(slots[start:stop], bool(lost_before[start:stop].any()))
             self.owner[slots[start:stop]] = entry.id
@@ -313,6 +329,13 @@ class _EpisodeTracker:
         entry = self.open.pop(key, None)
         if entry is not None and entry.parts and entry.whole:
             self.episodes.add(entry.id, torch.cat(entry.parts))
+
+    def _cut(self, key) -> None:
+        """The open episode of ``key`` never ends (another starts under its trajectory id):
+        never filed; drawable as it is where open episodes are, under a key no id has."""
+        entry = self.open.pop(key)
+        if not self.only_complete and entry.parts:
+            self.open[("cut", entry.id)] = entry
 
     def draw(self, generator: torch.Generator, n: int) -> list[tuple[int, torch.Tensor]]:
         """(id, slots) of the episodes of ``n`` uniformly drawn drawable steps."""

@@ -78,6 +78,12 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         traj_key (NestedKey, optional): trajectory id per step (e.g.
             ``("collector", "traj_ids")``), needed when writes interleave several envs.
             Defaults to ``None`` (use ``end_key`` only).
+        init_key (NestedKey, optional): bool flag, where stored, marking a step that starts
+            an episode (TorchRL's ``InitTracker``; every collector writes it). An episode
+            still open under the same trajectory id (or, without ``traj_key``, the open one)
+            never ended: a collector restarted with its ids from 0, as after a checkpoint. It
+            is cut, never joined to the new one: never drawn with ``only_complete=True``,
+            drawn as it is otherwise. Defaults to ``"is_init"``; ``None`` ignores it.
         is_first_key (NestedKey): key written with the episode-start flags. Defaults to
             ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
         replacement (bool): ``True`` draws episodes in proportion to their length;
@@ -97,7 +103,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     Raises:
         TypeError: a size, ``seed`` or ``generator`` of the wrong type; non-bool
-            ``end_key`` flags; a storage that does not read as one TensorDict of steps.
+            ``end_key`` or ``init_key`` flags; a storage that does not read as one TensorDict of steps.
         ValueError: sizes < 1; ``seed`` out of range or with ``generator``; a batch size
             other than ``B * T``; a buffer with ``prefetch > 1``; a storage that is not
             one-dimensional, lacks ``end_key`` / ``traj_key`` or holds no eligible
@@ -129,6 +135,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         *,
         end_key: NestedKey = ("next", "done"),
         traj_key: NestedKey | None = None,
+        init_key: NestedKey | None = "is_init",
         is_first_key: NestedKey = "is_first",
         replacement: bool = True,
         only_complete: bool = True,
@@ -152,7 +159,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                     f"generator={generator!r}. Drop one of them."
                 )
             generator = torch.Generator().manual_seed(check_int("seed", seed, low=0, high=2**64 - 1))
-        self.end_key, self.traj_key, self.is_first_key = end_key, traj_key, is_first_key
+        self.end_key, self.traj_key, self.init_key, self.is_first_key = end_key, traj_key, init_key, is_first_key
         self.replacement, self.only_complete = bool(replacement), bool(only_complete)
         self.episode_key, self.step_key, self.mask_key = episode_key, step_key, mask_key
         self._generator = generator
@@ -183,7 +190,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
 
     def _empty(self) -> None:
         self._log = _WriteLog()
-        self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete)
+        self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete, self.init_key)
         self._streams = _Streams(self.num_streams, self.replacement)
 
     @property
@@ -387,7 +394,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
 
     _SETTINGS = (
-        "num_streams", "seq_len", "end_key", "traj_key", "is_first_key", "replacement",
+        "num_streams", "seq_len", "end_key", "traj_key", "init_key", "is_first_key", "replacement",
         "only_complete", "episode_key", "step_key", "mask_key",
     )
 
