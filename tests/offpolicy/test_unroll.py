@@ -166,8 +166,10 @@ def test_loss_carries_each_networks_own_state_and_computes_the_reference_loss():
         online = reference(net, rnn, first, lambda b: zeros(1))[2]
     with loss.target_value_network_params.to_module(net):
         target = reference(net, rnn, first, lambda b: zeros(1))[2]
-    torch.testing.assert_close(loss._carries["online"][0], torch.cat([f[0] for f in online]))
-    torch.testing.assert_close(loss._carries["target"][0], torch.cat([f[0] for f in target]))
+    ended = first["next", "done"][:, -1].view(-1, 1, 1)  # row 1's truncation at 4 ends the chunk: zeros
+    assert ended.any()
+    torch.testing.assert_close(loss._carries["online"][0], torch.cat([f[0] for f in online]).masked_fill(ended, 0))
+    torch.testing.assert_close(loss._carries["target"][0], torch.cat([f[0] for f in target]).masked_fill(ended, 0))
 
     # the second chunk's loss, by hand: double DQN, 2-step targets, l2
     out = loss(second)
@@ -206,6 +208,59 @@ def test_loss_refuses_a_carry_of_other_rows_and_reset_carry_clears_it():
     fresh = dqn_loss(*q_network())
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh._carries["target"][0], loss._carries["target"][0])
+
+
+@pytest.mark.parametrize("action_space, action, says", [
+    ("one_hot", lambda idx: idx.unsqueeze(-1), "action_space='categorical'"),  # [B, T, 1]: k * sum(Q) before
+    ("one_hot", lambda idx: idx, "action_space='categorical'"),
+    ("categorical", lambda idx: nn.functional.one_hot(idx, ACTIONS), "action_space='one_hot'"),
+])
+def test_actions_of_the_other_action_space_are_refused_by_name(action_space, action, says):
+    chunk = make_chunk()
+    chunk["action"] = action(chunk["action"].argmax(-1))
+    loss = dqn_loss(*q_network(), action_space=action_space)
+    with pytest.raises(ValueError, match=f"got 'action' of shape .*pass {says}"):
+        loss(chunk)
+
+
+def test_categorical_actions_give_the_one_hot_loss():
+    net, rnn = q_network()
+    chunk = make_chunk()
+    one_hot = dqn_loss(net, rnn, delay_value=False, double_dqn=False)(chunk)["loss"]
+    for shape in ((3, 9), (3, 9, 1)):
+        indices = chunk.clone()
+        indices["action"] = chunk["action"].argmax(-1).reshape(shape)
+        categorical = dqn_loss(net, rnn, delay_value=False, double_dqn=False, action_space="categorical")
+        torch.testing.assert_close(categorical(indices)["loss"], one_hot)
+
+
+@pytest.mark.parametrize("key", [("next", "done"), ("next", "terminated"), ("next", "truncated")])
+def test_flags_of_another_dtype_are_refused_by_name(key):
+    net, rnn = q_network()
+    chunk = make_chunk()
+    chunk[key] = chunk[key].float()
+    with pytest.raises(TypeError, match=f"{key[1]}_key=.*has dtype torch.float32; flags must be torch.bool"):
+        unroll_with_next(net, rnn, chunk, None)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_row_whose_batch_ends_an_episode_carries_zeros_into_the_next(overlap):
+    net, rnn = q_network()
+    options = dict(burn_in=2, overlap=True) if overlap else {}
+    first, second = make_chunk(seed=1), make_chunk(seed=2)
+    second["is_first"][:, 0] = False  # the next batch does not flag its first steps
+    carry_point = -1 - (2 if overlap else 0)
+    first["next", "done"][:, carry_point] = torch.tensor([[True], [False], [True]])  # rows 0 and 2 end there
+    loss = dqn_loss(net, rnn, **options)
+    loss(first)
+    carried = [h.clone() for h in loss._carries["online"]]
+    assert all(h[[0, 2]].abs().sum() == 0 and h[1].abs().sum() > 0 for h in carried)
+    # the same as flagging the episode starts the next batch leaves out
+    flagged = dqn_loss(net, rnn, **options)
+    flagged(first)
+    marked = second.clone()
+    marked["is_first"][[0, 2], 0] = True
+    torch.testing.assert_close(loss(second)["loss"], flagged(marked)["loss"])
 
 
 @pytest.mark.parametrize("layout", [(3, 9), (3, 9, 1)])

@@ -55,7 +55,8 @@ class RecurrentDQNLoss(LossModule):
       ``tensordict[rnn.state_keys][:, 0]`` (R2D2's stored state, for replay windows);
     * ``"zero"``: from zeros.
 
-    Every row resets to zeros at ``is_first`` (also at ``t = 0``) and after a done step.
+    Every row resets to zeros at ``is_first`` (also at ``t = 0``) and after a done step,
+    also one that ends the previous batch (``"carry"`` keeps zeros for that row).
     With ``burn_in=K`` each network first unrolls every row's first ``K`` steps without
     gradient, from that start, only to rebuild its memory (R2D2's burn-in, Kapturowski et
     al., ICLR 2019); the loss then covers steps ``K..T-1`` from the state reached there.
@@ -121,7 +122,8 @@ class RecurrentDQNLoss(LossModule):
             state whose rows differ from the batch (call :meth:`reset_carry` when the
             number of streams changes; not with ``stream_key``), stream ids missing, not
             integers (TypeError), out of range, repeated or changing along a row, a batch of at most ``burn_in``
-            steps (``2 burn_in`` with ``overlap``), or the errors of ``unroll_with_next``.
+            steps (``2 burn_in`` with ``overlap``), actions of another shape than
+            ``action_space`` says, or the errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
@@ -326,8 +328,11 @@ class RecurrentDQNLoss(LossModule):
                                               start, bootstrap=False, value_key=self.keys["action_value"],
                                               done_key=self.keys["done"])
                 final, burnt = before.final_state, burnt + before.recurrent_steps
-        if self.initial_state == "carry":
-            self._keep(name, tuple(h.detach() for h in final), streams)
+        if self.initial_state == "carry":  # a row whose carry point ends an episode carries zeros
+            done = read_entry(tensordict, "done_key", self.keys["done"], flag=True, required=True)
+            ended = done[:, -1 - (self.burn_in if self.overlap else 0)].reshape(-1)
+            self._keep(name, tuple(h.detach().masked_fill(ended.view(-1, *[1] * (h.dim() - 1)), 0.0)
+                                   for h in final), streams)
         return out._replace(recurrent_steps=out.recurrent_steps + burnt)
 
     def _split(self, tensordict: TensorDictBase):
@@ -351,11 +356,24 @@ class RecurrentDQNLoss(LossModule):
         return warm, rest
 
     def _pick(self, values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Q of the taken action ``[B, T, 1]``; a ValueError for actions of another shape than
+        ``action_space`` says (a broadcast would give a wrong value without an error)."""
+        given = list(action.shape)
         if self.action_space == "one_hot":
+            if action.shape != values.shape:
+                raise ValueError(
+                    f"action_space='one_hot' takes one-hot actions shaped as the action values "
+                    f"{list(values.shape)} ([B, T, n_actions]), got {self.keys['action']!r} of shape {given}; "
+                    "for action indices ([B, T] or [B, T, 1]) pass action_space='categorical'."
+                )
             return (values * action.to(values.dtype)).sum(-1, keepdim=True)
-        if action.dim() == values.dim() - 1:
-            action = action.unsqueeze(-1)
-        return values.gather(-1, action.long())
+        if action.shape not in (values.shape[:-1], (*values.shape[:-1], 1)):
+            raise ValueError(
+                f"action_space='categorical' takes action indices shaped {list(values.shape[:-1])} or "
+                f"{[*values.shape[:-1], 1]}, got {self.keys['action']!r} of shape {given}; for one-hot "
+                "actions ([B, T, n_actions]) pass action_space='one_hot'."
+            )
+        return values.gather(-1, action.reshape(*values.shape[:-1], 1).long())
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         warm, tensordict = self._split(tensordict)

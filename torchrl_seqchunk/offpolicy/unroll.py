@@ -120,6 +120,7 @@ def unroll_with_next(
     Raises:
         ValueError: ``rnn`` has no ``reset_state_key``, ``tensordict`` is not ``[B, T]``,
             a key is missing, or ``initial_state`` does not match the rnn's state.
+        TypeError: a done, terminated or truncated flag that is not ``torch.bool``.
 
     .. note:: ``ResetRNN(initial_state="learned")`` is reset to zeros here.
 
@@ -168,10 +169,15 @@ def unroll_with_next(
             raise ValueError(f"key {key!r} is not in the tensordict; add it or pass its key.")
         return value
 
+    def flag(arg, key, required=False):
+        value = get(key) if required else tensordict.get(key, None)
+        if value is not None and value.dtype != torch.bool:
+            raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool, convert with .bool().")
+        return None if value is None else value.reshape(batch, steps)
+
     is_first = get(rnn.is_first_key).reshape(batch, steps).bool()
-    done = get(done_key).reshape(batch, steps)
-    given = [tensordict.get(key, None) for key in (terminated_key, truncated_key)]
-    terminated, _ = stops(done, *(None if f is None else f.reshape(batch, steps) for f in given), None)
+    done = flag("done_key", done_key, required=True)
+    terminated, _ = stops(done, flag("terminated_key", terminated_key), flag("truncated_key", truncated_key), None)
     starts = is_first.clone()
     starts[:, 1:] |= done[:, :-1]  # nothing crosses an episode's end, flagged or not
     insert = torch.zeros_like(starts)
