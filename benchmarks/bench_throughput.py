@@ -154,12 +154,16 @@ def network_actions(actor, critic, num_envs: int):
     log-probability; no transform, no reset of the memory, nothing stored. What acting
     costs at the least with these networks in eager PyTorch (a discrete actor)."""
     networks = [plain_modules(actor), plain_modules(critic)]
-    device = next(actor.parameters()).device
-    states = [[_zero_state(m, num_envs, device) for m in modules] for modules in networks]
+    for module in (m for modules in networks for m in modules if isinstance(m, nn.RNNBase)):
+        if getattr(module, "proj_size", 0) or module.bidirectional or not isinstance(module, (nn.GRU, nn.LSTM)):
+            raise ValueError(f"the acting floor steps nn.GRU / nn.LSTM layers with their native cells, got {module} "
+                             "(a projection, two directions or another RNN have no cell kernel of their own).")
+    weight = next(actor.parameters())
+    states = [[_zero_state(m, num_envs, weight) for m in modules] for modules in networks]
 
     @torch.no_grad()
     def act(obs):
-        x = torch.from_numpy(obs).float().to(device)
+        x = torch.from_numpy(obs).to(weight)
         outputs = []
         for modules, held in zip(networks, states):
             y = x
@@ -178,10 +182,10 @@ def network_actions(actor, critic, num_envs: int):
     return act
 
 
-def _zero_state(module: nn.Module, rows: int, device):
+def _zero_state(module: nn.Module, rows: int, like: torch.Tensor):
     if not isinstance(module, nn.RNNBase):
         return None
-    h = torch.zeros(module.num_layers, rows, module.hidden_size, device=device)
+    h = like.new_zeros(module.num_layers, rows, module.hidden_size)
     return (h, h.clone()) if isinstance(module, nn.LSTM) else h
 
 

@@ -147,7 +147,7 @@ def test_throughput_floor_steps_the_rnn_as_the_rnn_steps_itself(rnn_class):
     torch.manual_seed(0)
     rnn = rnn_class(3, 5, num_layers=2)  # time-major: a step is [1, N, F]
     x = torch.randn(4, 3)
-    state = bench_throughput._zero_state(rnn, 4, torch.device("cpu"))
+    state = bench_throughput._zero_state(rnn, 4, torch.empty(0))
     state = tuple(s + torch.randn_like(s) for s in state) if rnn_class is torch.nn.LSTM else state + torch.randn_like(state)
     with torch.no_grad():
         y, new = bench_throughput._cell_steps(rnn, x, state)
