@@ -67,7 +67,8 @@ class VectorEnvCollector:
         frames_per_batch (int): frames per rollout, a multiple of ``N`` (``T = frames_per_batch // N``).
         total_frames (int): frames in all; iteration stops once they are collected (whole
             rollouts); ``-1``: never. Default ``-1``.
-        device (torch.device or str): where the policy runs and the rollouts are stored. Default ``"cpu"``.
+        device (torch.device or str): where the policy runs and the rollouts are stored (the env
+            and its transforms' rules run on the CPU). Default ``"cpu"``.
 
     Raises:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
@@ -156,18 +157,21 @@ class VectorEnvCollector:
         """Steps every env; the next step's entries, through the transforms' step rules."""
         obs, reward, terminated, truncated, _ = self._vector.step(self.env.base_env.read_action(action.cpu()))
         shape = (self.num_envs, 1)
-        nxt = {"observation": torch.tensor(obs, dtype=self._obs_dtype, device=self.device),
-               "reward": torch.as_tensor(reward, dtype=torch.float32, device=self.device).reshape(shape),
-               "terminated": torch.as_tensor(terminated, device=self.device).reshape(shape),
-               "truncated": torch.as_tensor(truncated, device=self.device).reshape(shape),
-               "is_init": torch.zeros(shape, dtype=torch.bool, device=self.device)}
-        nxt["done"] = nxt["terminated"] | nxt["truncated"]
-        if self._reward_sum:
-            nxt["episode_reward"] = self._root["episode_reward"] + nxt["reward"]  # the raw reward
+        # the env's values and the transforms' rules on the CPU, where the env and their statistics live
+        env = {"observation": torch.tensor(obs, dtype=self._obs_dtype),
+               "reward": torch.as_tensor(reward, dtype=torch.float32).reshape(shape),
+               "terminated": torch.as_tensor(terminated).reshape(shape),
+               "truncated": torch.as_tensor(truncated).reshape(shape)}
+        env["done"] = env["terminated"] | env["truncated"]
+        raw_reward = env["reward"]
         if self._obs_norm is not None:
-            nxt["observation"] = self._obs_norm.normalize(nxt["observation"])
+            env["observation"] = self._obs_norm.normalize(env["observation"])
         if self._reward_scale is not None:
-            nxt["reward"] = self._reward_scale.scale(nxt["reward"], nxt["done"])
+            env["reward"] = self._reward_scale.scale(env["reward"], env["done"])
+        nxt = {key: value.to(self.device) for key, value in env.items()}
+        nxt["is_init"] = torch.zeros(shape, dtype=torch.bool, device=self.device)
+        if self._reward_sum:
+            nxt["episode_reward"] = self._root["episode_reward"] + raw_reward.to(self.device)
         return nxt
 
     def _reset_ended(self, nxt: dict) -> None:
@@ -180,12 +184,14 @@ class VectorEnvCollector:
         if self._reward_sum:
             root["episode_reward"] = nxt["episode_reward"]
         if bool(done.any()):
-            obs, _ = self._vector.reset(options={"reset_mask": done.cpu().numpy()})
-            obs = torch.tensor(obs, dtype=self._obs_dtype, device=self.device)
+            ended = done.cpu()  # the env's and the transforms' side, as in _step
+            obs, _ = self._vector.reset(options={"reset_mask": ended.numpy()})
+            obs = torch.tensor(obs, dtype=self._obs_dtype)
             if self._obs_norm is not None:
-                obs = self._obs_norm.normalize(obs, counted=done)
+                obs = self._obs_norm.normalize(obs, counted=ended)
             if self._reward_scale is not None:
-                self._reward_scale.reset_returns(done)
+                self._reward_scale.reset_returns(ended)
+            obs = obs.to(self.device)
             column = done.unsqueeze(-1)
             root["observation"] = torch.where(column, obs, root["observation"])
             root["is_init"] = column
