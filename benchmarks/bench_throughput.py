@@ -44,7 +44,7 @@ measured minutes apart, so left out: on a shared machine it is within the noise.
 Writes ``--out``/throughput.csv (name, value, unit, note) and ``--out``/breakdown.png (the
 parts as a stacked bar, beside those of ``--before``, a throughput.csv of an earlier run).
 
-    python benchmarks/bench_throughput.py                     # about 10 minutes on a busy core
+    python benchmarks/bench_throughput.py                     # about 10 minutes on a free core
     python benchmarks/bench_throughput.py --quick             # every figure at a tiny budget
     python benchmarks/bench_throughput.py --device cuda --popgym RepeatFirstEasy
 """
