@@ -223,6 +223,24 @@ def test_actions_of_the_other_action_space_are_refused_by_name(action_space, act
         loss(chunk)
 
 
+@pytest.mark.parametrize("action_space, action, error, says", [
+    ("one_hot", lambda idx: 3 * nn.functional.one_hot(idx, ACTIONS), ValueError, "a single 1 per step"),
+    ("one_hot", lambda idx: torch.ones(*idx.shape, ACTIONS), ValueError, "a single 1 per step"),
+    ("categorical", lambda idx: idx + ACTIONS, ValueError, r"must be in \[0, 2\)"),
+    ("categorical", lambda idx: idx - 1, ValueError, r"must be in \[0, 2\)"),
+    ("categorical", lambda idx: 0.9 * idx, TypeError, "integer action indices"),
+    ("one_hot", None, ValueError, "action_key='action' is not in the batch"),
+])
+def test_actions_that_are_not_one_hot_or_in_range_are_refused(action_space, action, error, says):
+    chunk = make_chunk()
+    if action is None:
+        del chunk["action"]
+    else:
+        chunk["action"] = action(chunk["action"].argmax(-1))
+    with pytest.raises(error, match=says):
+        dqn_loss(*q_network(), action_space=action_space)(chunk)
+
+
 def test_categorical_actions_give_the_one_hot_loss():
     net, rnn = q_network()
     chunk = make_chunk()

@@ -894,6 +894,31 @@ def test_without_is_init_or_with_init_key_none_a_restart_cannot_be_told():
     assert rb.sample()["obs"].tolist() == [[100, 101, 102, 0, 1]]
 
 
+def test_a_write_without_is_init_over_slots_that_held_one_keeps_its_episodes_whole():
+    # the storage keeps a key a write lacks: slots 0 and 3 still say is_init when obs 20..23 land there
+    rb = buffer(1, 4, capacity=6, traj_key=("collector", "traj_ids"))
+    rb.extend(restarted([0, 1, 2], 0, [False, False, True]))
+    rb.extend(restarted([10, 11, 12], 1, [False, False, True]))
+    rb.sample()
+    rb.extend(restarted([20, 21, 22, 23], 2, [False, False, False, True], init=False))
+    assert rb.storage[:]["is_init"].squeeze(-1).tolist() == [True, False, False, True, False, False]
+    chunks = [rb.sample() for _ in range(6)]
+    obs = torch.cat([c["obs"].reshape(-1) for c in chunks])
+    first = torch.cat([c["is_first"].reshape(-1) for c in chunks])
+    assert first[obs == 20].all() and not first[(obs > 20) & (obs <= 23)].any()  # 20..23 one episode
+    assert (obs == 23).any()
+
+
+def test_a_sampler_pickled_before_init_key_loads_with_its_default():
+    rb = buffer(1, 3, traj_key=("collector", "traj_ids"))
+    rb.extend(restarted([0, 1, 2], 0, [False, False, True]))
+    state = rb.sampler.__getstate__()
+    del state["init_key"]  # as pickled by the version before the option
+    copy = StreamChunkSampler.__new__(StreamChunkSampler)
+    copy.__setstate__(state)
+    assert copy.init_key == "is_init"
+
+
 def test_non_bool_init_flags_are_refused_by_name():
     data = restarted([0, 1], 0, [False, True])
     data["is_init"] = data["is_init"].long()

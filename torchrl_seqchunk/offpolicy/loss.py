@@ -122,8 +122,9 @@ class RecurrentDQNLoss(LossModule):
             state whose rows differ from the batch (call :meth:`reset_carry` when the
             number of streams changes; not with ``stream_key``), stream ids missing, not
             integers (TypeError), out of range, repeated or changing along a row, a batch of at most ``burn_in``
-            steps (``2 burn_in`` with ``overlap``), actions of another shape than
-            ``action_space`` says, or the errors of ``unroll_with_next``.
+            steps (``2 burn_in`` with ``overlap``), actions missing, of another shape than
+            ``action_space`` says or not one-hot / out of range (float indices: TypeError),
+            or the errors of ``unroll_with_next``.
 
     .. note:: The loss holds the carry; it does not use the ``ResetRNN``'s own carry
         (every unroll starts each row explicitly). The carry is in ``state_dict``.
@@ -358,21 +359,34 @@ class RecurrentDQNLoss(LossModule):
     def _pick(self, values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Q of the taken action ``[B, T, 1]``; a ValueError for actions of another shape than
         ``action_space`` says (a broadcast would give a wrong value without an error)."""
+        key = self.keys["action"]
+        if action is None:
+            raise ValueError(f"action_key={key!r} is not in the batch; store the actions taken, or pass the key "
+                             "that holds them as action_key.")
         given = list(action.shape)
         if self.action_space == "one_hot":
             if action.shape != values.shape:
                 raise ValueError(
                     f"action_space='one_hot' takes one-hot actions shaped as the action values "
-                    f"{list(values.shape)} ([B, T, n_actions]), got {self.keys['action']!r} of shape {given}; "
+                    f"{list(values.shape)} ([B, T, n_actions]), got {key!r} of shape {given}; "
                     "for action indices ([B, T] or [B, T, 1]) pass action_space='categorical'."
                 )
+            if bool(((action != 0) & (action != 1)).any()) or bool((action.sum(-1) != 1).any()):
+                raise ValueError(f"action_space='one_hot' takes one-hot actions, a single 1 per step and 0 elsewhere; "
+                                 f"{key!r} holds other values.")
             return (values * action.to(values.dtype)).sum(-1, keepdim=True)
         if action.shape not in (values.shape[:-1], (*values.shape[:-1], 1)):
             raise ValueError(
                 f"action_space='categorical' takes action indices shaped {list(values.shape[:-1])} or "
-                f"{[*values.shape[:-1], 1]}, got {self.keys['action']!r} of shape {given}; for one-hot "
+                f"{[*values.shape[:-1], 1]}, got {key!r} of shape {given}; for one-hot "
                 "actions ([B, T, n_actions]) pass action_space='one_hot'."
             )
+        if action.is_floating_point() or action.is_complex() or action.dtype == torch.bool:
+            raise TypeError(f"action_space='categorical' takes integer action indices, got {key!r} of dtype "
+                            f"{action.dtype}; convert with .long().")
+        if bool(((action < 0) | (action >= values.shape[-1])).any()):
+            raise ValueError(f"action indices at {key!r} must be in [0, {values.shape[-1]}) (the action values' "
+                             f"last dim), got {int(action.min())} to {int(action.max())}.")
         return values.gather(-1, action.reshape(*values.shape[:-1], 1).long())
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
@@ -398,7 +412,7 @@ class RecurrentDQNLoss(LossModule):
                 done_key=self.keys["done"], terminated_key=self.keys["terminated"],
                 truncated_key=self.keys["truncated"], is_first_key=self.rnn[0].is_first_key,
             )
-        chosen = self._pick(online.values, tensordict.get(self.keys["action"]))  # [B, T, 1]
+        chosen = self._pick(online.values, tensordict.get(self.keys["action"], None))  # [B, T, 1]
         value_target = work.get("value_target")
         error = distance_loss(chosen, value_target, self.loss_function)
         if self.mask_key is not None:

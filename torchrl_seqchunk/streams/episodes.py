@@ -112,11 +112,12 @@ class _EpisodeTracker:
     With end flags alone there is one open episode. With trajectory ids and end flags an
     episode ends at its end flag only (steps are filed under their trajectory id, so the
     envs of a flattened collector batch stay apart). With trajectory ids alone an episode
-    ends where the id changes. A stored start flag (``init_key``, TorchRL's ``is_init``)
-    starts an episode: with end flags, an open episode of the same trajectory id is *cut*
-    (it never ends: a collector restarted under the same ids, as after a checkpoint), never
-    filed, and drawable as it is only with ``only_complete=False``; with ids alone the
-    flag ends the previous episode as an id change does.
+    ends where the id changes. A stored start flag (``init_key``, TorchRL's ``is_init``) on
+    a trajectory's first step in a write starts an episode: with end flags, an open episode
+    of the same trajectory id is *cut* (it never ends: a collector restarted under the same
+    ids, as after a checkpoint), never filed, and drawable as it is only with
+    ``only_complete=False``; with ids alone the flag ends the previous episode as an id
+    change does.
     """
 
     def __init__(self, end_key, traj_key, only_complete, init_key=None):
@@ -173,12 +174,13 @@ class _EpisodeTracker:
             )
         return data
 
-    def update(self, data: TensorDictBase, slots, stamps, alive, after_loss=False) -> None:
-        """Reads new steps: ``slots`` in write order with their ``stamps``; ``alive`` is
-        False where a slot was written again since (that step is lost); ``after_loss``:
-        the step written just before ``slots[0]`` is lost too (a ring that wrapped before
-        the sampler saw it). The data is checked before anything changes, so after an
-        error the tracker is as it was."""
+    def update(self, data: TensorDictBase, slots, stamps, alive, after_loss=False, writes=None) -> None:
+        """Reads new steps: ``slots`` in write order with their ``stamps`` and the index of
+        the write each came in (``writes``; None: one write); ``alive`` is False where a
+        slot was written again since (that step is lost); ``after_loss``: the step written
+        just before ``slots[0]`` is lost too (a ring that wrapped before the sampler saw
+        it). The data is checked before anything changes, so after an error the tracker is
+        as it was."""
         ends, traj, lost_before, stitch = self._read_steps(data, slots, alive, after_loss)
         starts = self._flags(data, self.init_key, slots[alive], "init_key", "starts")
         self._warn_lost(int((~alive).sum()), after_loss, stitch)
@@ -187,7 +189,8 @@ class _EpisodeTracker:
             grown[: self.owner.numel()] = self.owner
             self.owner = grown
         losing = self._forget_overwritten(slots)
-        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch, starts)
+        writes = torch.zeros_like(slots) if writes is None else writes
+        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch, starts, writes[alive])
         for key, entry in losing:  # none of its steps left: forget it
             if entry.stored == 0 and self.open.get(key) is entry:
                 del self.open[key]
@@ -267,24 +270,29 @@ class _EpisodeTracker:
                 self.episodes.remove(episode)
         return losing
 
-    def _file_runs(self, slots, stamps, ends, traj, lost_before, stitch, starts) -> None:
-        """Cuts the new steps into runs of one episode each and extends, closes or cuts them."""
+    def _file_runs(self, slots, stamps, ends, traj, lost_before, stitch, starts, writes) -> None:
+        """Cuts the new steps into runs of one episode each and extends, closes or cuts them.
+        A start flag counts only on a trajectory's first step in a write: inside a write
+        a collector's steps of one id follow each other, and a storage keeps a flag a
+        write lacks (an earlier step's, in a slot written again without it)."""
         cut_after = ends.clone()  # cut_after: last step of a run of one episode
-        cut_after[:-1] |= starts[1:]
-        ids_alone = traj is not None and not stitch
+        ids_alone, seen = traj is not None and not stitch, set()
         if traj is not None:
             cut_after[:-1] |= (traj[1:] != traj[:-1]).any(-1)
-            if not stitch:  # the id alone delimits episodes
+            if ids_alone:  # the id alone delimits episodes
                 if self.open and (traj[0] != self.last_traj).any():
                     self._close(None)
                 self.last_traj = traj[-1]
-                ends, traj = cut_after, None
+                ends, traj = cut_after.clone(), None
+        cut_after[:-1] |= writes[1:] != writes[:-1]  # a run per write: each may start with a flag
         start = 0
         for stop in (cut_after.nonzero().squeeze(-1) + 1).tolist() + [slots.numel()]:
             if start == stop:
                 continue
             key = None if traj is None else tuple(traj[start].tolist())
-            if starts[start] and key in self.open:  # an episode starts where one is open
+            first = (int(writes[start]), key) not in seen  # the trajectory's first step in its write
+            seen.add((int(writes[start]), key))
+            if first and starts[start] and key in self.open:  # an episode starts where one is open
                 self._close(key) if ids_alone else self._cut(key)
             entry = self.open.setdefault(key, _Open(int(stamps[start]), [], True))
             entry.extend(slots[start:stop], bool(lost_before[start:stop].any()))

@@ -79,11 +79,14 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ``("collector", "traj_ids")``), needed when writes interleave several envs.
             Defaults to ``None`` (use ``end_key`` only).
         init_key (NestedKey, optional): bool flag, where stored, marking a step that starts
-            an episode (TorchRL's ``InitTracker``; every collector writes it). An episode
-            still open under the same trajectory id (or, without ``traj_key``, the open one)
-            never ended: a collector restarted with its ids from 0, as after a checkpoint. It
-            is cut, never joined to the new one: never drawn with ``only_complete=True``,
-            drawn as it is otherwise. Defaults to ``"is_init"``; ``None`` ignores it.
+            an episode (TorchRL's ``InitTracker``; every collector writes it). On a
+            trajectory's first step in a write (``extend``), it says that an episode still
+            open under the same trajectory id (or, without ``traj_key``, the open one) never
+            ended: a collector restarted with its ids from 0, as after a checkpoint. That
+            episode is cut, never joined to the new one: never drawn with
+            ``only_complete=True``, drawn as it is otherwise. Flags elsewhere in a write are
+            not read (a storage keeps a flag a write lacks). Defaults to ``"is_init"``;
+            ``None`` ignores it.
         is_first_key (NestedKey): key written with the episode-start flags. Defaults to
             ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
         replacement (bool): ``True`` draws episodes in proportion to their length;
@@ -281,24 +284,25 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             )
         self._log.check_seen(storage, self)
         newest = self._log.newest_unrecorded(storage)  # not None: wrapped before we saw it
-        slots, stamps = self._log.take_pending(len(storage), newest)
+        slots, stamps, writes = self._log.take_pending(len(storage), newest)
         if not slots.numel():
             return
         try:
-            self._read_writes(storage, slots, stamps, after_loss=newest is not None)
+            self._read_writes(storage, slots, stamps, writes, after_loss=newest is not None)
         except Exception:  # the writes stay pending: a retry raises the same error
-            self._log.put_back(slots, stamps)
+            self._log.put_back(slots, stamps, writes)
             raise
         self._streams.drop_stale(self._log)
 
     def _read_writes(
-        self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor, *, after_loss: bool
+        self, storage: Storage, slots: torch.Tensor, stamps: torch.Tensor, writes: torch.Tensor, *,
+        after_loss: bool
     ) -> None:
-        """Reads the steps at ``slots`` (write order); ``after_loss``: the step written just
-        before the first of them was overwritten unread."""
+        """Reads the steps at ``slots`` (write order, ``writes`` the write of each); ``after_loss``:
+        the step written just before the first of them was overwritten unread."""
         data = _EpisodeTracker.steps_of(storage)
         alive = self._log.stamps[slots] == stamps
-        self._tracker.update(data, slots, stamps, alive, after_loss)
+        self._tracker.update(data, slots, stamps, alive, after_loss, writes)
 
     def _chunk(self, rows: list[list[tuple[torch.Tensor, int, int]]]) -> tuple[torch.Tensor, dict]:
         index, step, episode = _Streams.layout(rows, self.seq_len)
@@ -408,7 +412,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
+        state = {"init_key": "is_init", **state}  # pickled before init_key: the default
         saved = _tensors_as(state.pop("state_dict"), torch.from_numpy)
         self._generator = torch.Generator(state.pop("generator_device"))
         self.__dict__.update(state)

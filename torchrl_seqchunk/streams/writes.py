@@ -70,12 +70,14 @@ class _WriteLog:
         return self.stamps[slots] >= clock
 
     # ------------------------------------------------------------------------- reading
-    def put_back(self, slots: torch.Tensor, stamps: torch.Tensor) -> None:
-        """Returns what :meth:`take_pending` gave (a read that failed)."""
-        self.pending.insert(0, (slots, stamps))
+    def put_back(self, slots: torch.Tensor, stamps: torch.Tensor, writes: torch.Tensor) -> None:
+        """Returns what :meth:`take_pending` gave (a read that failed), write by write."""
+        cuts = (writes[1:] != writes[:-1]).nonzero().squeeze(-1) + 1
+        self.pending[:0] = list(zip(slots.tensor_split(cuts), stamps.tensor_split(cuts)))
 
-    def take_pending(self, size: int, newest: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots ``[0, size)`` written since the last call, in write order, with their stamps.
+    def take_pending(self, size: int, newest: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Slots ``[0, size)`` written since the last call, in write order, with their stamps
+        and the index of the write (``extend`` / ``add`` call) each came in, counted from 0.
 
         Slots filled without a recorded write count as written before everything else, in
         ring order after ``newest`` (the slot a wrapped storage wrote last), else slot order.
@@ -93,10 +95,11 @@ class _WriteLog:
             self.stamps[unknown] = stamps
             self.pending.insert(0, (unknown, stamps))
         if not self.pending:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+            return (torch.zeros(0, dtype=torch.long),) * 3
         slots, stamps = (torch.cat(parts) for parts in zip(*self.pending))
+        writes = torch.cat([torch.full((part.numel(),), i) for i, (part, _) in enumerate(self.pending)])
         self.pending = []
-        return slots, stamps
+        return slots, stamps, writes
 
     # ------------------------------------------------------------ writes the log missed
     def check_seen(self, storage: Storage, owner) -> None:
@@ -168,7 +171,7 @@ class _WriteLog:
 
     # --------------------------------------------------------------------------- state
     def state(self) -> dict:
-        slots, stamps = self.take_pending(0)  # merged into one entry, kept pending
+        slots, stamps, _ = self.take_pending(0)  # merged into one entry, kept pending
         self.pending = [(slots, stamps)] if slots.numel() else []
         return {"stamps": self.stamps.clone(), "clock": self.clock, "origin": self.origin,
                 "known": self.known, "pending_slots": slots, "pending_stamps": stamps}
