@@ -872,6 +872,10 @@ def test_a_restart_without_trajectory_ids_is_cut_and_with_ids_alone_ends_the_epi
     rb.extend(before)
     rb.extend(after)
     assert pieces(rb.sample()) == [[0, 1], [0, 1]]
+    rb = buffer(1, 4)  # the same where the restarted collector's ids differ: cut, not refused
+    rb.extend(restarted([100, 101, 102], 3, [False, False, False]))
+    rb.extend(after)
+    assert pieces(rb.sample()) == [[0, 1], [0, 1]]
     # ids alone (no done stored): the start ends (100, 101, 102) as an id change ends (0, 1)
     rb = buffer(1, 12, traj_key=("collector", "traj_ids"))
     for data in (before, after, restarted([7], 1, [False])):

@@ -181,23 +181,26 @@ class _EpisodeTracker:
         just before ``slots[0]`` is lost too (a ring that wrapped before the sampler saw
         it). The data is checked before anything changes, so after an error the tracker is
         as it was."""
-        ends, traj, lost_before, stitch = self._read_steps(data, slots, alive, after_loss)
+        writes = (torch.zeros_like(slots) if writes is None else writes)[alive]
         starts = self._flags(data, self.init_key, slots[alive], "init_key", "starts")
+        restarts = torch.zeros_like(starts)  # a write that begins an episode (a collector restarted?)
+        restarts[1:] = starts[1:] & (writes[1:] != writes[:-1])
+        ends, traj, lost_before, stitch = self._read_steps(data, slots, alive, after_loss, restarts)
         self._warn_lost(int((~alive).sum()), after_loss, stitch)
         if self.owner.numel() < data.shape[0]:
             grown = torch.full((data.shape[0],), -1, dtype=torch.long)
             grown[: self.owner.numel()] = self.owner
             self.owner = grown
         losing = self._forget_overwritten(slots)
-        writes = torch.zeros_like(slots) if writes is None else writes
-        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch, starts, writes[alive])
+        self._file_runs(slots[alive], stamps[alive], ends, traj, lost_before, stitch, starts, writes)
         for key, entry in losing:  # none of its steps left: forget it
             if entry.stored == 0 and self.open.get(key) is entry:
                 del self.open[key]
 
-    def _read_steps(self, data, slots, alive, after_loss):
+    def _read_steps(self, data, slots, alive, after_loss, restarts):
         """End flags ``[n]`` and trajectory ids ``[n, k]`` (or None) of the stored new steps,
-        and whether a step before each was lost; raises on data that does not fit."""
+        and whether a step before each was lost; raises on data that does not fit (an id
+        change with no end flag between is allowed where ``restarts``)."""
         lost_just_before = torch.cat([torch.tensor([after_loss]), ~alive[:-1]])
         lost_before = lost_just_before[alive]
         slots = slots[alive]
@@ -207,7 +210,7 @@ class _EpisodeTracker:
         if stitch:  # a lost step may be any trajectory's: none written after it is whole
             lost_before = lost_just_before.cumsum(0)[alive] > 0
         if self.traj_key is None:
-            self._check_not_interleaved(data, slots, ends, lost_before)
+            self._check_not_interleaved(data, slots, ends, lost_before | restarts)
             return ends, None, lost_before, stitch
         traj = self._read(data, self.traj_key, slots, required=True)
         return ends, traj.reshape(slots.numel(), -1), lost_before, stitch
