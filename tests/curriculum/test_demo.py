@@ -197,3 +197,12 @@ def test_record_demo_snapshots_restore_on_ale():
     assert np.array_equal(env.unwrapped.ale.getRAM(), replay.unwrapped.ale.getRAM())
     assert np.array_equal(env.step(3)[0], replay.step(3)[0])
 
+
+
+def test_save_writes_exactly_the_path_it_is_given(tmp_path):
+    Demo([0, 1], [0.0, 1.0]).save(tmp_path / "demo.npz")
+    Demo([3, 3, 3], [5.0, 5.0, 5.0], meta={5: "x", "t": (1, 2)}).save(tmp_path / "demo")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "demo.npz"]
+    assert len(Demo.load(tmp_path / "demo.npz")) == 2  # not overwritten by the second save
+    loaded = Demo.load(tmp_path / "demo")
+    assert len(loaded) == 3 and loaded.meta == {"5": "x", "t": [1, 2]}  # JSON, as documented

@@ -47,7 +47,8 @@ class Demo:
             step index ``k`` (the state after the first ``k`` actions,
             ``0 <= k <= N``), e.g. ``ale.cloneState().serialize()``.
         lives (array-like, optional): integer ``[N + 1]`` lives counter.
-        meta (dict, optional): JSON-serializable metadata. ``meta["reset_seed"]``
+        meta (dict, optional): JSON-serializable metadata (saved as JSON: string keys,
+            lists for tuples, after a round trip). ``meta["reset_seed"]``
             is the seed the demo was recorded from (see :attr:`seed`);
             ``meta["env_spec"]`` the env it was recorded in, ``{"id": env.spec.id,
             "kwargs": env.spec.kwargs}`` (for ALE: game, mode, difficulty,
@@ -148,7 +149,9 @@ class Demo:
         )
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the demo to ``path`` as an ``.npz`` file (format in the module docstring)."""
+        """Writes the demo to ``path`` exactly (no ``.npz`` suffix added), an ``.npz`` archive
+        (format in the module docstring). ``meta`` goes as JSON: it loads back with string
+        keys and lists for tuples."""
         arrays = {
             "actions": self.actions,
             "rewards": self.rewards,  # float64: lossless
@@ -162,7 +165,8 @@ class Demo:
             arrays["snapshot_steps"] = np.array(steps, dtype=np.int64)
             arrays["snapshot_offsets"] = np.cumsum([0] + [len(b) for b in blobs])
             arrays["snapshot_bytes"] = np.concatenate(blobs)
-        np.savez_compressed(path, **arrays)
+        with open(path, "wb") as file:  # numpy appends ".npz" to a path without it, not to a file
+            np.savez_compressed(file, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Demo":
