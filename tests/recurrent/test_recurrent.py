@@ -1078,3 +1078,17 @@ def test_fused_outputs_take_in_place_ops_with_one_row_or_one_step(cell, batch, t
     (y_loop, g_loop), (y, g) = results
     for a, b in zip([y, *g], [y_loop, *g_loop]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_a_per_row_reset_state_must_say_it_is_per_row_when_rows_equal_steps():
+    torch.manual_seed(0)
+    gru, rows = nn.GRU(2, 3, batch_first=True), 4
+    x, is_first = torch.randn(rows, rows, 2), torch.zeros(rows, rows, dtype=torch.bool)
+    is_first[:, 2] = True
+    per_row = torch.randn(rows, 1, 3)  # [B, *S]: as h0, which would broadcast along T where B == T
+    with pytest.raises(ValueError, match=r"reset_state entries must be \[\*S\].*state.unsqueeze\(1\)"):
+        rnn_with_resets(gru, x, is_first, None, per_row)
+    y, _ = rnn_with_resets(gru, x, is_first, None, per_row.unsqueeze(1))  # [B, 1, *S]: per row
+    for b in range(rows):  # the reference: the row's own state at the reset, by hand
+        after, _ = gru(x[b:b + 1, 2:], per_row[b:b + 1].transpose(0, 1).contiguous())
+        torch.testing.assert_close(y[b, 2:], after[0])

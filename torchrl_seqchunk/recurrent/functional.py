@@ -52,9 +52,9 @@ def rnn_with_resets(
             omitted (a custom cell without a ``hidden_size`` attribute needs it,
             and so does a TensorDict-state cell: its keys name the entries).
         reset_state (Tensor, tuple or TensorDict, optional): value taken at
-            resets, structured like ``h0``, per entry broadcastable to
-            ``[B, T, *S]`` (a per-step stored memory, or a learned ``[*S]``
-            initial state); zeros if omitted.
+            resets, structured like ``h0``, per entry ``[*S]`` (a learned initial
+            state) or ``[B, T, *S]`` (a per-step stored memory; ``B`` or ``T`` may be
+            1 to broadcast, e.g. ``[B, 1, *S]`` per row); zeros if omitted.
 
     Keyword Args:
         backend (str): ``"loop"`` (native kernels step by step, or one native
