@@ -196,6 +196,16 @@ def test_loss_carries_each_networks_own_state_and_computes_the_reference_loss():
     torch.testing.assert_close(out["loss"], ((chosen - want) ** 2).mean())
 
 
+def test_a_learned_initial_state_is_refused():
+    rnn = ResetRNN(nn.GRU(4, HIDDEN, batch_first=True), state_key="q_state", reset_state_key="q_state",
+                   initial_state="learned")
+    net = TensorDictSequential(
+        TensorDictModule(nn.Linear(OBS, 4), ["observation"], ["embed"]), rnn,
+        TensorDictModule(nn.Linear(HIDDEN, ACTIONS), ["features"], ["action_value"]))
+    with pytest.raises(ValueError, match="initial_state='learned'.*never be trained"):
+        RecurrentDQNLoss(net, rnn)
+
+
 def test_loss_refuses_a_carry_of_other_rows_and_reset_carry_clears_it():
     net, rnn = q_network()
     loss = dqn_loss(net, rnn)

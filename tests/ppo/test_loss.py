@@ -325,6 +325,13 @@ def test_bad_input():
     )
     with pytest.raises(ValueError, match="is_first_key='is_init'"):
         RecurrentPPOLoss(actor, other_flag)
+    learned = TensorDictSequential(  # every reset in a window reads the stored memory: no gradient
+        ResetRNN(cell, in_key="obs", out_key="critic_h", state_key="critic_state",
+                 reset_state_key="critic_state", initial_state="learned", carry=False),
+        TensorDictModule(nn.Linear(HIDDEN, 1), ["critic_h"], ["state_value"]),
+    )
+    with pytest.raises(ValueError, match="initial_state='learned'.*never be trained"):
+        RecurrentPPOLoss(actor, learned)
     # a window not flagged at slot 0 would start from zeros (or a stale carry), not its memory
     unflagged = windows.clone()
     unflagged["is_first"][3, 0] = False

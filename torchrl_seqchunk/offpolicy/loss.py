@@ -198,6 +198,12 @@ class RecurrentDQNLoss(LossModule):
                 "rnn must be a ResetRNN with carry=True and a reset_state_key, e.g. "
                 "ResetRNN(gru, state_key='q_state', reset_state_key='q_state')."
             )
+        if rnn.initial is not None:
+            raise ValueError(
+                "rnn has initial_state='learned', but the loss resets every episode start to zeros (or "
+                "the stored memory), so the learned state would never be trained and the Q-network "
+                "would act from another memory than it learns from; build it with initial_state='zeros'."
+            )
         self.double_dqn, self.delay_value = bool(double_dqn), bool(delay_value)
         self.initial_state, self.loss_function, self.action_space = initial_state, loss_function, action_space
         if stream_key is not None:

@@ -30,6 +30,13 @@ def _check_window_rnn(role: str, rnn: ResetRNN, is_first_key: NestedKey) -> None
             f"a ResetRNN in {role} reads is_first_key={rnn.is_first_key!r} but the windows carry "
             f"their reset flags under is_first_key={is_first_key!r}; pass the same key to both."
         )
+    if rnn.initial is not None:
+        raise ValueError(
+            f"a ResetRNN in {role} has initial_state='learned', but in a window every reset, an "
+            "episode start too, takes the stored memory (the learned state's value when acting, "
+            "detached), so the learned state would never be trained; build it with "
+            "initial_state='zeros'."
+        )
 
 
 def _trained_slots(is_first: torch.Tensor, boundary_mode: str) -> torch.Tensor:
@@ -182,7 +189,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     Raises:
         ValueError: unknown ``boundary_mode``, or a :class:`~torchrl_seqchunk.ResetRNN`
-            in the actor or critic without ``reset_state_key`` or reading another
+            in the actor or critic with a learned initial state (it would get no gradient),
+            without ``reset_state_key`` or reading another
             ``is_first_key`` (at construction); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
             entries of the wrong shape, or a window whose slot 0 is not a reset
