@@ -99,7 +99,9 @@ def slot_weights(is_first: torch.Tensor, count_weight: torch.Tensor, boundary_mo
 def _reduce_windows(loss, kept, weight, input_mask, reduction: str) -> torch.Tensor:
     """The one reduction of a per-slot ``loss [N, W]`` (see :class:`RecurrentPPOLoss`).
 
-    Slots outside ``kept`` count zero (selected, not multiplied: they may hold NaN); the
+    Slots outside ``kept`` count zero (selected, not multiplied: a NaN there leaves the loss
+    finite, but still reaches the gradients through the terms computed from it, as in
+    TorchRL's losses: keep padded slots' inputs finite); the
     terms are multiplied by ``weight`` (``inverse_count``); ``"mean"`` divides by the sum of
     ``weight`` (else by the slot count) over ``input_mask`` (TorchRL's loss masks; all
     slots if ``None``), so ``"mask"``'s dropped slots stay in the denominator.
@@ -164,7 +166,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         (TorchRL's per-element contract), so every ``"loss_*"`` entry comes back per
         slot, and this class reduces it once by ``boundary_mode`` with the ``reduction``
         given here. TorchRL's loss masks (``loss_mask_key``) drop slots from both the
-        terms and the denominator, as in TorchRL. :attr:`in_keys` is sorted.
+        terms and the denominator, as in TorchRL; a dropped slot's inputs must still be
+        finite (a NaN advantage, target or log-probability there makes the gradients NaN,
+        as in TorchRL's ``ClipPPOLoss``). :attr:`in_keys` is sorted.
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
