@@ -387,16 +387,18 @@ def main(cfg: Config) -> list[dict]:
     log = report.Report(out_dir, planned_frames=planned_frames, target=cfg.target,
                         return_window=cfg.return_window, stop_at_target=cfg.stop_at_target,
                         progress=cfg.progress)
-    credit, grad_steps, recurrent_steps, learn_s = 0.0, 0, 0, 0.0
+    learned_frames, grad_steps, recurrent_steps, learn_s = 0, 0, 0, 0.0
     last = {"loss": float("nan"), "td_error": float("nan")}
     for batch in collector:  # [num_envs, collect_len]
         torch.set_num_threads(cfg.threads)  # TorchRL's batched env raises it when it closes
         write(cfg, buffer, batch)
         if log.frames + batch.numel() >= cfg.learning_starts:
-            credit += cfg.replay_ratio * batch.numel() / (cfg.batch_rows * cfg.seq_len)
+            learned_frames += batch.numel()
+        # the steps due so far, counted as planned_grad_steps counts them (a running float credit
+        # could fall short of a whole step by a rounding error)
+        due = int(cfg.replay_ratio * learned_frames / (cfg.batch_rows * cfg.seq_len))
         start = time.perf_counter()
-        while credit >= 1.0:
-            credit -= 1.0
+        while grad_steps < due:
             out = loss_module(next(training).to(cfg.device))
             optim.zero_grad()
             out["loss"].backward()

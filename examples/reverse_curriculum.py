@@ -45,6 +45,7 @@ from torchrl_seqchunk import (Demo, EncodeObservation, ResetManager, ReturnScale
                               RunningObservationNorm)
 
 DATA = Path(__file__).resolve().parent / "data"
+CURRICULUM_PNG = "curriculum.png"  # the march and the evaluation, beside the main job's outputs
 #: env id -> (shipped demo, the evaluation's target: ("return", mean) or ("success", rate),
 #: the default --margin: 20 steps slower than the demo)
 TASKS = {
@@ -280,7 +281,8 @@ def main(cfg: Config) -> list[dict]:
     batching = make_batching(cfg, rnns, frames_per_batch)
     loss_module = batching.make_loss(actor, critic)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
-    report = Report(out_dir, planned_frames=planned, return_window=cfg.return_window, progress=cfg.progress)
+    report = Report(out_dir, planned_frames=planned, return_window=cfg.return_window, progress=cfg.progress,
+                    outputs=(CURRICULUM_PNG,))
     for iteration, rollout in enumerate(collector):  # [num_envs, T]
         torch.set_num_threads(cfg.threads)
         ended = rollout["next", "done"].squeeze(-1)
@@ -302,7 +304,7 @@ def main(cfg: Config) -> list[dict]:
             break
     collector.shutdown()
     report.close(cfg.name)
-    plot(report.rows, out_dir / "curriculum.png", cfg)
+    plot(report.rows, out_dir / CURRICULUM_PNG, cfg)
     return report.rows
 
 

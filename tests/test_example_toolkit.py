@@ -1,6 +1,7 @@
 """examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -159,6 +160,31 @@ def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):
     empty = Report(tmp_path / "never", planned_frames=1, progress=False)
     empty.close()
     assert not (tmp_path / "never").exists()
+
+
+def test_a_run_folder_another_live_run_writes_is_refused_and_a_dead_runs_claim_taken_over(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "curriculum.png").write_bytes(b"old")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".running").write_text(str(other.pid))
+        with pytest.raises(SystemExit) as refused:
+            Report(run, planned_frames=1, progress=False)
+        assert refused.value.code == 2
+        assert f"is being written by another run (process {other.pid})" in capsys.readouterr().err
+    finally:
+        other.kill()
+        other.wait()
+    report = Report(run, planned_frames=1, progress=False, outputs=("curriculum.png",))  # that process ended
+    assert (run / ".running").read_text() == str(os.getpid())
+    report.add(1, [], {})
+    assert not (run / "curriculum.png").exists()  # an earlier run's outputs go with its metrics.csv
+    report.close()
+    assert not (run / ".running").exists() and (run / "metrics.csv").exists()
 
 
 @pytest.mark.parametrize("batching, floor, loss_standardizes", [

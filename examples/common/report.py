@@ -4,14 +4,18 @@ learning_curve.png beside it, and a summary line.
 A run counts as finished once its metrics.csv holds a row: a run that failed before it
 produced anything does not block the next one, and a refused or failed start leaves an
 earlier run's outputs as they were (they are replaced only when the new run's first row is
-written). TorchRL's ``CSVLogger`` writes one file per scalar under ``scalars/`` and
+written). A running run claims its folder (``.running``, its process id): a second run
+started on the same folder while the first runs is refused (status 2) instead of writing
+into the same metrics.csv; the claim of a process that ended is taken over. TorchRL's ``CSVLogger`` writes one file per scalar under ``scalars/`` and
 ``generate_exp_name`` adds a date and a random id, so neither gives the one table of a
 named, reproducible run folder that the examples and benchmarks read.
 """
 from __future__ import annotations
 
+import atexit
 import csv
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -20,7 +24,58 @@ from pathlib import Path
 from tensordict import TensorDictBase
 from tqdm import tqdm
 
-METRICS, CURVE = "metrics.csv", "learning_curve.png"
+METRICS, CURVE, CLAIM = "metrics.csv", "learning_curve.png", ".running"
+_claimed: set[Path] = set()  # run folders this process claimed, released at exit at the latest
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def claim(out_dir: Path) -> None:
+    """Marks ``out_dir`` as written by this process; a ValueError if another live process holds it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / CLAIM
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            holder = int(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            holder = 0
+        if holder and holder != os.getpid() and _alive(holder):
+            raise ValueError(f"{out_dir} is being written by another run (process {holder}); pass another "
+                             "--name or --runs-dir, or wait for that run to end.") from None
+        path.write_text(str(os.getpid()))  # the claim of a process that ended
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+    _claimed.add(out_dir)
+
+
+@atexit.register
+def _release_all() -> None:
+    for out_dir in list(_claimed):
+        release(out_dir)
+
+
+def release(out_dir: Path) -> None:
+    """Removes this process's claim on ``out_dir`` (nothing if another holds it), and the
+    folder if nothing else is in it (a run that wrote no row)."""
+    _claimed.discard(out_dir)
+    path = out_dir / CLAIM
+    try:
+        if int(path.read_text().strip() or 0) == os.getpid():
+            path.unlink()
+            out_dir.rmdir()  # only if empty
+    except (OSError, ValueError):
+        pass
 
 
 def finished_returns(steps: TensorDictBase) -> list[float]:
@@ -79,11 +134,18 @@ class Report:
 
     Columns: frames, wall_s, episodes, return_mean (mean raw return of the last
     ``return_window`` finished episodes; NaN before the first), then the ``losses`` given to
-    :meth:`add`. Nothing is written before the first :meth:`add`."""
+    :meth:`add`, other than the folder's claim (see the module docstring; a run already
+    writing there refuses this one, status 2). ``outputs``: files of the run besides
+    metrics.csv and the curve, removed with them when the first row is written."""
 
     def __init__(self, out_dir: Path, *, planned_frames: int, target: float | None = None,
-                 return_window: int = 20, stop_at_target: bool = False, progress: bool = True):
+                 return_window: int = 20, stop_at_target: bool = False, progress: bool = True,
+                 outputs: tuple[str, ...] = ()):
+        from .options import or_fail  # the examples' refusal (status 2)
+
         self.out_dir, self.target, self.stop_at_target = Path(out_dir), target, stop_at_target
+        or_fail(claim, self.out_dir)
+        self.outputs = (CURVE, *outputs)
         self.returns: deque[float] = deque(maxlen=return_window)
         self.rows, self.frames, self.episodes, self.frames_to_target = [], 0, 0, None
         self.start = time.perf_counter()
@@ -110,7 +172,8 @@ class Report:
         self.rows.append(row)
         if self.writer is None:  # the first row replaces an earlier run's outputs
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / CURVE).unlink(missing_ok=True)
+            for name in self.outputs:
+                (self.out_dir / name).unlink(missing_ok=True)
             self.file = open(self.out_dir / METRICS, "w", newline="")
             self.writer = csv.DictWriter(self.file, fieldnames=list(row))
             self.writer.writeheader()
@@ -123,8 +186,10 @@ class Report:
         return row
 
     def close(self, title: str = "") -> None:
-        """Closes the bar and the CSV, draws the curve and prints the summary line."""
+        """Closes the bar and the CSV, draws the curve, prints the summary line and releases
+        the folder's claim."""
         self.bar.close()
+        release(self.out_dir)
         if self.file is None:
             return
         self.file.close()

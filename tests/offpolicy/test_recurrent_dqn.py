@@ -30,6 +30,15 @@ def test_tiny_run_of_every_recipe(replay, initial_state, overlap, tmp_path):
     assert (out / "metrics.csv").exists() and (out / "learning_curve.png").exists()
 
 
+@pytest.mark.parametrize("replay_ratio, frames", [(0.25, 1280), (0.1, 3200), (0.3, 2560)])
+def test_a_run_takes_the_gradient_steps_it_plans(replay_ratio, frames, tmp_path):
+    # 0.1 added ten times is 0.9999999999999999: a running credit took no step where one was due
+    cfg = recurrent_dqn.Config(**{**TINY, "total_frames": frames, "learning_starts": 0, "replay_ratio": replay_ratio,
+                                  "num_envs": 4, "collect_len": 8, "batch_rows": 4, "seq_len": 8}, runs_dir=str(tmp_path))
+    assert cfg.planned_grad_steps == int(replay_ratio * frames / 32) >= 1
+    assert recurrent_dqn.main(cfg)[-1]["grad_steps"] == cfg.planned_grad_steps
+
+
 def test_options_that_do_not_apply_are_refused():
     with pytest.raises(ValueError, match="--initial-state"):
         recurrent_dqn.Config(replay="streams", initial_state="zero")
