@@ -213,3 +213,15 @@ def test_values_too_large_for_their_variance_are_named_and_a_frozen_transform_ch
     norm.normalize(torch.tensor([[0.0], [2.0]]))
     with pytest.raises(ValueError, match=r"counted has shape \[3\]"):
         norm.frozen_copy().normalize(torch.zeros(2, 1), counted=torch.tensor([True, False, True]))
+
+
+def test_a_float16_reward_whose_scale_overflows_float16_is_scaled_in_float32():
+    half, single = ReturnScaledReward(gamma=0.99), ReturnScaledReward(gamma=0.99)
+    done = torch.zeros(4, 1, dtype=torch.bool)
+    for _ in range(300):  # the return's std passes 65504, float16's largest value
+        out = half.scale(torch.full((4, 1), 5000.0, dtype=torch.float16), done)
+        want = single.scale(torch.full((4, 1), 5000.0), done)
+    assert out.dtype == torch.float16 and float(out[0]) > 0
+    torch.testing.assert_close(out.float(), want, rtol=1e-3, atol=0.0)
+    with pytest.raises(ValueError, match="eps must be finite"):
+        ReturnScaledReward(eps=float("inf"))

@@ -75,7 +75,8 @@ class ReturnScaledReward(Transform):
             Default ``"done"``.
 
     Raises:
-        ValueError: ``gamma`` outside ``[0, 1]``, ``clip`` or ``eps`` not positive.
+        ValueError: ``gamma`` outside ``[0, 1]``, ``clip`` or ``eps`` not positive, ``eps``
+            not finite.
 
     Examples:
         >>> from torchrl.envs import GymEnv, RewardSum, TransformedEnv, Compose
@@ -101,6 +102,8 @@ class ReturnScaledReward(Transform):
         for name, value in (("clip", clip), ("eps", eps)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}.")
+        if not math.isfinite(eps):  # every reward would come out 0
+            raise ValueError(f"eps must be finite, got {eps}.")
         super().__init__(in_keys=[reward_key], out_keys=[reward_key])
         self.gamma, self.clip, self.eps = float(gamma), float(clip), float(eps)
         self.reward_key, self.done_key = reward_key, done_key
@@ -143,8 +146,10 @@ class ReturnScaledReward(Transform):
         _merge_moments(self.mean, self.var, self.count, returns.reshape(-1),
                        f"the discounted return of reward_key {self.reward_key!r}")
         self._return = returns.masked_fill(done, 0.0)
-        scale = torch.sqrt(self.var + self.eps).to(reward.dtype)
-        return (reward / scale).clamp(-self.clip, self.clip)
+        # a low-precision reward is divided in float32: its scale may overflow float16
+        dtype = torch.promote_types(reward.dtype, torch.float32)
+        scale = torch.sqrt(self.var + self.eps).to(dtype)
+        return (reward.to(dtype) / scale).clamp(-self.clip, self.clip).to(reward.dtype)
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         self.reset_returns(tensordict.get("_reset", None) if tensordict is not None else None)
