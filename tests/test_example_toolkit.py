@@ -55,6 +55,9 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"env": "NoSuchEnv-v0"}, "--env NoSuchEnv-v0: Environment `NoSuchEnv` doesn't exist"),
     ({"batching": "streams", "seq_len": 0}, "--seq-len must be >= 1"),
     ({"batching": "streams", "num_streams": 0}, "--num-streams must be >= 1"),
+    ({"seed": 2**64}, "--seed must be in [0, 18446744073709551615]"),  # torch.manual_seed overflowed
+    ({"threads": 10**5}, "--threads must be in [1, "),  # torch segfaulted
+    ({"num_envs": 1, "rollout_len": 1, "window": 1, "stride": 1}, "is one step per rollout"),  # a NaN std
     pytest.param({"device": "cuda"}, "this machine has no CUDA device", marks=pytest.mark.skipif(
         not NO_CUDA, reason="CUDA is there")),
 ])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import ClassVar, Literal
 
@@ -78,9 +79,10 @@ class RunConfig:
     def check_run(self) -> None:
         """The shared options against their meaning; a ValueError (TypeError) names the flag and the fix."""
         options.applicable(self)
-        for name, low in {"max_episode_steps": 0, "total_frames": 1, "seed": 0, "threads": 1, "num_envs": 1,
-                          "return_window": 1}.items():
+        for name, low in {"max_episode_steps": 0, "total_frames": 1, "num_envs": 1, "return_window": 1}.items():
             options.integer(name, getattr(self, name), low)
+        options.integer("seed", self.seed, 0, 2**64 - 1)  # torch.manual_seed's range
+        options.integer("threads", self.threads, 1, os.cpu_count() or 1)  # more threads than CPUs only contend
         options.device("device", self.device)
         options.gym_id("env", self.env)
         if self.keep not in ("auto", "all"):
@@ -182,6 +184,9 @@ class Config(RunConfig):
         options.real("max_grad_norm", self.max_grad_norm, 0.0, open_low=True)
         for name in ("entropy_coeff", "critic_coeff", "advantage_std_floor"):
             options.real(name, getattr(self, name), 0.0)
+        if self.num_envs * self.rollout_len < 2:  # the std of one advantage is NaN
+            raise ValueError(f"--num-envs {self.num_envs} x --rollout-len {self.rollout_len} is one step per rollout: "
+                             "the advantages are standardized over a rollout, which needs at least 2 steps")
         if self.batching == "streams":
             return
         if self.window > self.rollout_len:
