@@ -138,11 +138,23 @@ class Config(MainConfig):
         if not self.demo and self.env not in TASKS:
             raise ValueError(f"--env {self.env} ships no demo; pass --demo, or one of {', '.join(TASKS)}")
         try:
-            recorded = self.load_demo().meta.get("env_spec", {}).get("id", self.env)
+            demo = self.load_demo()
         except ValueError as err:
             raise ValueError(f"--demo: {err}") from None
+        recorded = demo.meta.get("env_spec", {}).get("id", self.env)
         if recorded != self.env:
             raise ValueError(f"--demo {self.demo_path} was recorded in {recorded}, not in --env {self.env}")
+        self.make_manager(demo)
+
+    def make_manager(self, demo: Demo) -> ResetManager:
+        """The curriculum's ResetManager over ``demo``; a ValueError names the flags (--spread is its window)."""
+        window = self.spread or max(1, min(16, len(demo) // 2))
+        try:
+            return ResetManager(len(demo), self.num_envs, window=window, move_threshold=self.move_threshold,
+                                nudge=self.nudge)
+        except ValueError as err:
+            raise ValueError(f"--spread {window} (the window), --move-threshold {self.move_threshold}, --num-envs "
+                             f"{self.num_envs}: {err}") from None
 
     @property
     def demo_path(self) -> str:
@@ -262,8 +274,7 @@ def main(cfg: Config) -> list[dict]:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     demo = cfg.load_demo() if cfg.curriculum else None
-    manager = (ResetManager(len(demo), cfg.num_envs, window=cfg.spread or max(1, min(16, len(demo) // 2)),
-                            move_threshold=cfg.move_threshold, nudge=cfg.nudge) if cfg.curriculum else None)
+    manager = cfg.make_manager(demo) if cfg.curriculum else None
     # VecNormV2's rule, one set of statistics over all envs, its values clipped to +-10: a MiniGrid
     # cell constant over the demo's layout sits at the std floor, and a new layout's value there
     # would come out at 1e4 (the evaluation, which starts from new layouts, reads a frozen copy)

@@ -139,9 +139,15 @@ def test_a_run_counts_as_finished_once_its_metrics_hold_a_row(tmp_path):
         check_run_folder(tmp_path, "run", overwrite=False)
     assert check_run_folder(tmp_path, "run", overwrite=True) == run
     (tmp_path / "file").write_text("")
-    for runs_dir, name in ((tmp_path / "file", "run"), (tmp_path, "file")):  # mkdir would fail mid-start
-        with pytest.raises(ValueError, match="is a file"):
+    for runs_dir, name in ((tmp_path / "file", "run"), (tmp_path, "file"), (tmp_path / "file" / "sub", "run")):
+        with pytest.raises(ValueError, match="is a file"):  # mkdir would fail mid-start
             check_run_folder(runs_dir, name, overwrite=True)
+    with pytest.raises(ValueError, match="File name too long: .*; pass another --name"):
+        check_run_folder(tmp_path, "x" * 300, overwrite=False)
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "metrics.csv").write_bytes(b"\xff\xfe\n\xff")
+    with pytest.raises(ValueError, match="binary/metrics.csv: 'utf-8' codec can't decode"):
+        check_run_folder(tmp_path, "binary", overwrite=False)
 
 
 def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):

@@ -98,10 +98,15 @@ def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
     """``runs_dir/name``; a ValueError if it holds a finished run and ``overwrite`` is False, or if
     ``runs_dir`` or that folder is a file."""
     out_dir = Path(runs_dir) / name
-    for path in (Path(runs_dir), out_dir):
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} is a file: pass a --runs-dir (and --name) that is a folder or does not exist.")
-    if finished(out_dir) and not overwrite:
+    try:
+        for path in (*reversed(out_dir.parents), out_dir):
+            if path.exists() and not path.is_dir():
+                raise ValueError(f"{path} is a file: pass a --runs-dir (and --name) that is a folder or does not "
+                                 "exist.")
+        done = finished(out_dir)
+    except (OSError, UnicodeDecodeError) as err:  # a name too long, a metrics.csv that is not text, ...
+        raise ValueError(f"{out_dir / METRICS}: {err}; pass another --name or --runs-dir.") from None
+    if done and not overwrite:
         raise ValueError(f"{out_dir} holds the outputs of an earlier run; pass --name to write "
                          "elsewhere or --overwrite to replace them.")
     return out_dir

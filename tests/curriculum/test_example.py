@@ -23,6 +23,7 @@ from bench_curriculum import load_example  # noqa: E402
     (["--move-threshold", "1.5"], "--move-threshold must be in (0.0, 1.0]"),
     (["--margin", "-3"], "--margin must be >= 0.0"),
     (["--spread", "-1"], "--spread must be >= 0"),
+    (["--spread", "100000"], "--spread 100000 (the window), --move-threshold 0.1, --num-envs 16: move_threshold"),
     (["--keep", "0"], "--keep does not apply here"),
     (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: "),
     (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
