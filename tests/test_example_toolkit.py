@@ -1,5 +1,6 @@
 """examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
 import dataclasses
+import importlib.util
 import math
 import os
 
@@ -60,6 +61,8 @@ def test_uncovered_steps_by_hand(rollout_len, window, stride, lost):
     ({"num_envs": 1, "rollout_len": 1, "window": 1, "stride": 1}, "is one step per rollout"),  # a NaN std
     pytest.param({"device": "cuda"}, "this machine has no CUDA device", marks=pytest.mark.skipif(
         not NO_CUDA, reason="CUDA is there")),
+    pytest.param({"env": "LunarLander-v3"}, "--env LunarLander-v3: Box2D is not installed",  # at parse, not at make
+                 marks=pytest.mark.skipif(importlib.util.find_spec("Box2D") is not None, reason="Box2D is there")),
 ])
 def test_every_option_is_checked_with_a_message_naming_it(options_, message):
     with pytest.raises(ValueError) as err:

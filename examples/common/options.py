@@ -87,14 +87,20 @@ def gym_id(name: str, value: str) -> str:
 
     import gymnasium as gym
 
+    from gymnasium.envs.registration import load_env_creator
+
     module, _, env_id = value.rpartition(":")
     try:
         if module:
             importlib.import_module(module)
-        gym.spec(env_id)
+        entry_point = gym.spec(env_id).entry_point
+        if isinstance(entry_point, str):  # imported, not built: an env whose package is missing says so now
+            load_env_creator(entry_point)
     except ModuleNotFoundError as err:
         raise ValueError(f"{flag(name)} {value}: cannot import {err.name!r} "
                          "(an optional extra, such as popgym?)") from None
+    except gym.error.DependencyNotInstalled as err:
+        raise ValueError(f"{flag(name)} {value}: {err}") from None
     except gym.error.Error as err:
         raise ValueError(f"{flag(name)} {value}: {err} Give a registered gymnasium id such as CartPole-v1, or "
                          "'module:Id' for an id that a module registers (popgym:popgym-RepeatFirstEasy-v0).") from None
