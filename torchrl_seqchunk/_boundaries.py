@@ -26,7 +26,12 @@ def read_entry(tensordict: TensorDictBase, arg: str, key: NestedKey, *, flag: bo
             f"{arg}={key!r} has shape {tuple(value.shape)}, expected {shape} "
             "(the batch size plus a trailing singleton, as TorchRL stores it)."
         )
-    if flag and value.dtype != torch.bool:
+    return check_flag(arg, key, value) if flag else value
+
+
+def check_flag(arg: str, key: NestedKey, value: torch.Tensor) -> torch.Tensor:
+    """``value``, or a TypeError naming the argument ``arg`` if it is not ``torch.bool``."""
+    if value.dtype != torch.bool:
         raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool, convert with .bool().")
     return value
 

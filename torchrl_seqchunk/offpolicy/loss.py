@@ -314,7 +314,7 @@ class RecurrentDQNLoss(LossModule):
 
     # -- loss ----------------------------------------------------------------
     def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None,
-                streams: torch.Tensor | None):
+                streams: torch.Tensor | None, ended: torch.Tensor | None):
         start = self._start(tensordict if warm is None else warm, name, streams)
         burnt = 0
         with params.to_module(self.value_network, preserve_module_state=False):
@@ -336,11 +336,17 @@ class RecurrentDQNLoss(LossModule):
                                               done_key=self.keys["done"])
                 final, burnt = before.final_state, burnt + before.recurrent_steps
         if self.initial_state == "carry":  # a row whose carry point ends an episode carries zeros
-            done = read_entry(tensordict, "done_key", self.keys["done"], flag=True, required=True)
-            ended = done[:, -1 - (self.burn_in if self.overlap else 0)].reshape(-1)
             self._keep(name, tuple(h.detach().masked_fill(ended.view(-1, *[1] * (h.dim() - 1)), 0.0)
                                    for h in final), streams)
         return out._replace(recurrent_steps=out.recurrent_steps + burnt)
+
+    def _carry_ends(self, tensordict: TensorDictBase) -> torch.Tensor | None:
+        """bool ``[B]``: the rows whose carry point (the last step; with ``overlap``, ``burn_in``
+        steps before it) ends an episode; ``None`` without a carry."""
+        if self.initial_state != "carry":
+            return None
+        done = read_entry(tensordict, "done_key", self.keys["done"], flag=True, required=True)
+        return done[:, -1 - (self.burn_in if self.overlap else 0)].reshape(-1)
 
     def _split(self, tensordict: TensorDictBase):
         """``(burn-in steps or None, the rest)``; an episode ending at the burn-in's last step
@@ -398,10 +404,11 @@ class RecurrentDQNLoss(LossModule):
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         warm, tensordict = self._split(tensordict)
         streams = self._streams(tensordict)  # one read for both networks
-        online = self._unroll(self.value_network_params, tensordict, "online", warm, streams)
+        ended = self._carry_ends(tensordict)
+        online = self._unroll(self.value_network_params, tensordict, "online", warm, streams, ended)
         with torch.no_grad():
             if self.delay_value:
-                target = self._unroll(self.target_value_network_params, tensordict, "target", warm, streams)
+                target = self._unroll(self.target_value_network_params, tensordict, "target", warm, streams, ended)
             else:
                 target = online
             target_next = target.next_values.detach()

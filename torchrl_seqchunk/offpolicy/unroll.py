@@ -28,7 +28,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.modules import set_recurrent_mode
 
-from .._boundaries import stops
+from .._boundaries import check_flag, stops
 
 __all__ = ["Unroll", "unroll_with_next"]
 
@@ -171,9 +171,7 @@ def unroll_with_next(
 
     def flag(arg, key, required=False):
         value = get(key) if required else tensordict.get(key, None)
-        if value is not None and value.dtype != torch.bool:
-            raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; flags must be torch.bool, convert with .bool().")
-        return None if value is None else value.reshape(batch, steps)
+        return None if value is None else check_flag(arg, key, value).reshape(batch, steps)
 
     is_first = get(rnn.is_first_key).reshape(batch, steps).bool()
     done = flag("done_key", done_key, required=True)

@@ -323,17 +323,19 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 "states are batch first (see the module docstring)."
             )
     if reset_state is not None:
-        wanted = [[batch, time, *shape] for shape in layout.shapes]
-        try:  # [*S] or [B or 1, T or 1, *S]: a [B, *S] entry would broadcast along T where B == T
-            if any(v.dim() not in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes)):
-                raise RuntimeError("neither [*S] nor [B, T, *S]")
+        # [*S] or [B or 1, T or 1, *S]: a [B, *S] entry would broadcast along T where B == T
+        given = [list(v.shape) for v in reset_state]
+        fits = all(v.dim() in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes))
+        try:
             reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes))
-        except RuntimeError as err:
+        except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(
                 f"reset_state entries must be [*S] or broadcast from [B or 1, T or 1, *S] to [B, T, *S] = "
-                f"{wanted}, got {[list(v.shape) for v in reset_state]}; give a per-row state as "
+                f"{[[batch, time, *shape] for shape in layout.shapes]}, got {given}; give a per-row state as "
                 "state.unsqueeze(1) ([B, 1, *S])."
-            ) from err
+            )
     _check_dtypes(rnn, x, h0, reset_state)
     if backend == "auto":
         backend = _pick_backend(rnn, x.device, reset)

@@ -174,14 +174,14 @@ class _EpisodeTracker:
             )
         return data
 
-    def update(self, data: TensorDictBase, slots, stamps, alive, after_loss=False, writes=None) -> None:
+    def update(self, data: TensorDictBase, slots, stamps, writes, alive, after_loss=False) -> None:
         """Reads new steps: ``slots`` in write order with their ``stamps`` and the index of
-        the write each came in (``writes``; None: one write); ``alive`` is False where a
+        the write each came in (``writes``); ``alive`` is False where a
         slot was written again since (that step is lost); ``after_loss``: the step written
         just before ``slots[0]`` is lost too (a ring that wrapped before the sampler saw
         it). The data is checked before anything changes, so after an error the tracker is
         as it was."""
-        writes = (torch.zeros_like(slots) if writes is None else writes)[alive]
+        writes = writes[alive]
         starts = self._flags(data, self.init_key, slots[alive], "init_key", "starts")
         restarts = torch.zeros_like(starts)  # a write that begins an episode (a collector restarted?)
         restarts[1:] = starts[1:] & (writes[1:] != writes[:-1])

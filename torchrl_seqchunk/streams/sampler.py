@@ -302,7 +302,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         the step written just before the first of them was overwritten unread."""
         data = _EpisodeTracker.steps_of(storage)
         alive = self._log.stamps[slots] == stamps
-        self._tracker.update(data, slots, stamps, alive, after_loss, writes)
+        self._tracker.update(data, slots, stamps, writes, alive, after_loss)
 
     def _chunk(self, rows: list[list[tuple[torch.Tensor, int, int]]]) -> tuple[torch.Tensor, dict]:
         index, step, episode = _Streams.layout(rows, self.seq_len)
