@@ -4,7 +4,8 @@ Per seed, at equal training frames, in one run:
 
 - ``curriculum``: the main job's recurrent PPO (``examples/reverse_curriculum.py``) with a
   ``ReverseCurriculum`` from the task's shipped demo (``examples/data/``);
-- ``scratch``: the same PPO, the same seed, from the env's own reset;
+- ``scratch``: the same PPO, the same seed, from the env's own reset (both arms with
+  ``--options``, the example's settings under test, e.g. ``entropy_coeff=0.05``);
 - ``sb3`` (MountainCar-v0 only, the ``bench`` extra): stable-baselines3's PPO with the rl-zoo
   ``MountainCar-v0`` settings (16 envs, n_steps 16, 4 epochs, gamma 0.99, GAE lambda 0.98,
   no entropy bonus, observations and rewards normalized; the zoo trains 1M frames).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import multiprocessing
 import statistics
@@ -39,12 +41,15 @@ from pathlib import Path
 import numpy as np
 from bench_boundary import paired_stats  # benchmarks/bench_boundary.py
 from bench_learning import plot_runs  # benchmarks/bench_learning.py
-from toolkit import EXAMPLES, options  # benchmarks/toolkit.py
+from toolkit import EXAMPLES, checked_config, config_options, options  # benchmarks/toolkit.py
 from tqdm import tqdm
 
 TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0": ("eval_success", 0.9),
            "MiniGrid-DoorKey-8x8-v0": ("eval_success", 0.9)}
 FIELDS = ["env", "arm", "seed", "frames", "wall_s", "max_starting_point", "eval_return", "eval_success"]
+# not --options: the example's fields the benchmark sets itself (the arm, the run, its evaluation)
+SET_HERE = ("env", "seed", "total_frames", "eval_every", "eval_episodes", "runs_dir", "name", "overwrite",
+            "progress", "curriculum", "eval_sample", "stop_at_target")
 
 
 def load_example():
@@ -65,7 +70,7 @@ def run_ours(env: str, curriculum: bool, seed: int, args) -> list[dict]:
                           "--curriculum" if curriculum else "--no-curriculum",
                           "--eval-sample" if args.eval_sample else "--no-eval-sample",
                           "--stop-at-target" if args.stop_at_target else "--no-stop-at-target"])
-    rows = job.main(cfg)  # its metrics.csv, row by row, under --out/runs
+    rows = job.main(dataclasses.replace(cfg, **args.options))  # its metrics.csv, row by row, under --out/runs
     return [r for r in rows if r["eval_return"] == r["eval_return"]]  # the evaluated rollouts
 
 
@@ -168,11 +173,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "maximum starting point at 0 (its frames to the target are the same; its curves end there)")
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
+    parser.add_argument("--options", default="",
+                        help="both arms of ours: the example's Config fields that differ from its defaults, "
+                             "e.g. entropy_coeff=0.05 (default none)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--out", default="runs/bench_curriculum", help="output folder")
 
     def check(args):
         args.envs = options.names("envs", args.envs, list(TARGETS))
+        config = load_example().Config
+        args.options = config_options(config, args.options, SET_HERE)
+        for env in args.envs:
+            checked_config(config, args.options, env=env)
 
     args = options.parse(parser, argv, ints={"frames": 512, "eval_every": 1, "eval_episodes": 1, "jobs": 1},
                          int_lists={"seeds": 0}, check=check)
@@ -201,7 +213,7 @@ def main(argv=None) -> None:
     lines = [f"{args.frames} training frames per run, seeds {args.seeds}; frames to the target from the env's "
              f"own reset ({'sampled' if args.eval_sample else 'greedy'} evaluation of {args.eval_episodes} episodes "
              f"every {args.eval_every * 512} frames; never: the budget, marked *); frames until the maximum starting "
-             "point first reaches 0.", "",
+             "point first reaches 0." + (f" Ours with {args.options}." if args.options else ""), "",
              "| env | arm | frames to target per seed | median | reached | frames to start 0 per seed |",
              "|---|---|---|---|---|---|"]
     rng = np.random.default_rng(0)

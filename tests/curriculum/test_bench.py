@@ -25,12 +25,23 @@ def test_first_counts_a_miss_as_the_budget():
 @pytest.mark.parametrize("argv, option", [
     (["--frames", "0"], "--frames"), (["--eval-every", "0"], "--eval-every"), (["--seeds", "1,x"], "--seeds"),
     (["--seeds", "1,1"], "--seeds"), (["--envs", "CartPole-v1"], "--envs"), (["--eval-episodes", "-2"], "--eval-episodes"),
+    (["--options", "seed=3"], "--options 'seed=3'"), (["--options", "entropy_coeff=x"], "entropy_coeff takes a float"),
+    (["--options", "entropy_coeff=-1"], "--entropy-coeff"),
 ])
 def test_bad_options_are_refused_before_any_output(tmp_path, capsys, argv, option):
     with pytest.raises(SystemExit) as exit_info:
         bench_curriculum.parse_args([*argv, "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2 and option in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_options_reach_both_arms_of_ours(monkeypatch, tmp_path):
+    args = bench_curriculum.parse_args(["--options", "entropy_coeff=0.05,nudge=7", "--out", str(tmp_path)])
+    job, seen = bench_curriculum.load_example(), []
+    monkeypatch.setattr(job, "main", lambda cfg: seen.append(cfg) or [])
+    for curriculum in (True, False):
+        bench_curriculum.run_ours("MountainCar-v0", curriculum, 3, args)
+    assert [(c.entropy_coeff, c.nudge, c.curriculum, c.seed) for c in seen] == [(0.05, 7, True, 3), (0.05, 7, False, 3)]
 
 
 def test_runs_at_a_tiny_budget(tmp_path):
