@@ -129,6 +129,28 @@ def test_even_epochs_refuses_a_sampler_with_replacement_and_other_buffers():
         EvenEpochs(TensorDict())
 
 
+def test_an_epoch_left_early_is_drawn_off_before_the_next():
+    """A break after one chunk (a KL stop, a prefetcher closed early): the next epoch is a
+    whole one, every step once, not the rest of the one left."""
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+    from torchrl_seqchunk import StreamChunkSampler
+
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(100), batch_size=8,
+                                sampler=StreamChunkSampler(2, 4, replacement=False, seed=0))
+    done = (torch.arange(20) % 5 == 4).unsqueeze(-1)  # 4 episodes of 5 steps: 2 streams of 10, 3 chunks
+    rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
+    even = EvenEpochs(rb)
+    for left_after in (1, 2, 3):
+        for i, _ in enumerate(even):
+            if i + 1 == left_after:
+                break
+        epoch = list(even)
+        steps = torch.cat([chunk["obs"][chunk["collector", "mask"]] for chunk in epoch])
+        assert (len(epoch), even.own, sorted(steps.tolist())) == (3, 3, list(range(20)))
+
+
 def test_assign_workers_round_robin_and_rank_seeds():
     assert assign_workers(4, 2) == [0, 1, 0, 1]
     assert assign_workers(3, 3) == [0, 1, 2]

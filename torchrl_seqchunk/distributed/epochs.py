@@ -87,6 +87,7 @@ class EvenEpochs:
         self.buffer, self.group = buffer, group
         self.count: int | None = None
         self.own: int | None = None
+        self._open = False  # an epoch begun and not drawn to its end
 
     def _agree(self, own: int) -> int:
         """The smallest ``own`` over the ranks of the group (``own`` alone without one)."""
@@ -96,8 +97,13 @@ class EvenEpochs:
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         sampler, failure = self.buffer.sampler, None
+        if self._open:  # the last epoch was left early: its rest is not this epoch's start
+            while not sampler.ran_out:
+                self.buffer.sample()
+        self._open = False
         try:
             first = self.buffer.sample()
+            self._open = True
             own = sampler.remaining_batches + 1  # the chunk drawn and those left
         except Exception as error:  # e.g. no episode here: the others must not wait for us
             first, own, failure = None, 0, error
@@ -116,6 +122,7 @@ class EvenEpochs:
             if i == count - 1:  # drop the rest of a longer epoch: the next one is dealt anew
                 while not sampler.ran_out:
                     self.buffer.sample()
+                self._open = False
             yield chunk
 
     def __repr__(self) -> str:
