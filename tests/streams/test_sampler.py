@@ -4,6 +4,8 @@ import warnings
 from contextlib import nullcontext
 
 import numpy as np
+import pickle
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -647,6 +649,15 @@ def test_wrong_batch_size_and_state_mismatch():
         rb.sample(5)
     with pytest.raises(ValueError, match="num_streams, seq_len"):
         StreamChunkSampler(3, 3).load_state_dict(rb.sampler.state_dict())
+    # a state read with other settings (an epoch state into a sampler with replacement, other
+    # keys) is refused, the sampler unchanged; one saved before settings were kept loads
+    state = rb.sampler.state_dict()
+    for other in ({"replacement": False}, {"only_complete": False}, {"end_key": "done"},
+                  {"traj_key": ("collector", "traj_ids")}, {"init_key": None}):
+        with pytest.raises(ValueError, match=f"other settings .*{next(iter(other))}"):
+            StreamChunkSampler(2, 3, **other).load_state_dict(state)
+    del state["settings"]
+    StreamChunkSampler(2, 3, replacement=False).load_state_dict(state)
 
 
 def interleaved_collector_batches():
@@ -863,6 +874,25 @@ def test_a_collector_restarted_under_the_same_ids_never_joins_the_open_trajector
     assert all(p in ([100, 101, 102], [0, 1]) or p in ([100], [100, 101], [101, 102], [102], [0], [1])
                for p in drawn), drawn
     assert [100, 101, 102] in drawn and [0, 1] in drawn
+
+
+@pytest.mark.parametrize("how", ["state_taken", "state_loaded", "pickled"])
+def test_a_restart_in_writes_not_yet_read_survives_a_saved_state(how):
+    # both writes are still pending when the state is taken (a checkpoint, a pickle): each
+    # write's bounds are kept, so the restart's is_init still cuts the open trajectory
+    rb = buffer(1, 5, traj_key=("collector", "traj_ids"))
+    rb.extend(restarted([100, 101, 102], 0, [False, False, False]))
+    rb.extend(restarted([0, 1], 0, [False, True]))
+    state = rb.sampler.state_dict()
+    if how == "state_loaded":
+        fresh = buffer(1, 5, traj_key=("collector", "traj_ids"))
+        fresh.extend(restarted([100, 101, 102], 0, [False, False, False]))
+        fresh.extend(restarted([0, 1], 0, [False, True]))
+        fresh.sampler.load_state_dict(state)
+        rb = fresh
+    elif how == "pickled":
+        rb = pickle.loads(pickle.dumps(rb))
+    assert pieces(rb.sample()) == [[0, 1], [0, 1], [0]]
 
 
 def test_a_restart_without_trajectory_ids_is_cut_and_with_ids_alone_ends_the_episode():

@@ -353,6 +353,7 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             return {
                 "num_streams": self.num_streams,
                 "seq_len": self.seq_len,
+                "settings": {name: getattr(self, name) for name in self._READ_AS},
                 "log": self._log.state(),
                 "episodes": self._tracker.state(),
                 "streams": self.stream_state(),
@@ -362,7 +363,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
         """Raises if :meth:`load_state_dict` would refuse ``state_dict``; changes nothing.
 
         Raises:
-            ValueError: a state of other ``(num_streams, seq_len)``, or not a state of
+            ValueError: a state of other ``(num_streams, seq_len)``, of other
+                ``replacement``, ``only_complete``, ``end_key``, ``traj_key`` or ``init_key``
+                (the settings its episodes and streams were read with), or not a state of
                 this class.
         """
         missing = [key for key in _STATE_KEYS if key not in state_dict]
@@ -376,6 +379,15 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             raise ValueError(
                 f"state_dict is for (num_streams, seq_len) = {sizes}, this sampler has "
                 f"{(self.num_streams, self.seq_len)}; build the sampler with the saved sizes."
+            )
+        saved = state_dict.get("settings", {})  # a state saved before settings were kept: not compared
+        differ = {name: (value, getattr(self, name)) for name, value in saved.items()
+                  if name in self._READ_AS and value != getattr(self, name)}
+        if differ:
+            raise ValueError(
+                "state_dict was saved by a sampler of other settings (saved, here): "
+                + ", ".join(f"{name} {pair[0]!r}, {pair[1]!r}" for name, pair in differ.items())
+                + "; its episodes and streams were read with the saved ones: build the sampler with them."
             )
         self._check_stream_state(state_dict["streams"])
 
@@ -397,6 +409,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     def loads(self, path) -> None:
         self.load_state_dict(torch.load(Path(path).absolute() / "stream_chunk_sampler.pt"))
 
+    #: the settings that shape the saved episodes and streams, compared at load
+    _READ_AS = ("end_key", "traj_key", "init_key", "replacement", "only_complete")
     _SETTINGS = (
         "num_streams", "seq_len", "end_key", "traj_key", "init_key", "is_first_key", "replacement",
         "only_complete", "episode_key", "step_key", "mask_key",

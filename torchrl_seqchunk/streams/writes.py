@@ -171,13 +171,21 @@ class _WriteLog:
 
     # --------------------------------------------------------------------------- state
     def state(self) -> dict:
-        slots, stamps, _ = self.take_pending(0)  # merged into one entry, kept pending
-        self.pending = [(slots, stamps)] if slots.numel() else []
+        """The stamps and the writes not yet taken, each write's bounds kept (``pending_writes``:
+        the index of each pending slot's write): a trajectory's first step in a write is where
+        its start flag is read, so merging writes would hide a restart."""
+        parts = self.pending or [(torch.zeros(0, dtype=torch.long),) * 2]
+        slots, stamps = (torch.cat(tensors) for tensors in zip(*parts))
+        writes = torch.cat([torch.full((part.numel(),), i) for i, (part, _) in enumerate(parts)])
         return {"stamps": self.stamps.clone(), "clock": self.clock, "origin": self.origin,
-                "known": self.known, "pending_slots": slots, "pending_stamps": stamps}
+                "known": self.known, "pending_slots": slots, "pending_stamps": stamps, "pending_writes": writes}
 
     def load(self, state: dict) -> None:
         self.stamps, self.clock = state["stamps"].clone(), state["clock"]
         self.origin, self.known = state["origin"], state["known"]
         slots = state["pending_slots"]
-        self.pending = [(slots.clone(), state["pending_stamps"].clone())] if slots.numel() else []
+        # a state saved before writes were kept apart holds them as one
+        writes = state.get("pending_writes", torch.zeros(slots.numel(), dtype=torch.long))
+        self.pending = []
+        if slots.numel():
+            self.put_back(slots.clone(), state["pending_stamps"].clone(), writes)
