@@ -419,3 +419,59 @@ def test_a_prefetcher_without_a_sampler_has_no_state_to_give():
             chunks.state_dict()
     with pytest.raises(TypeError, match="sampler must be a StreamChunkSampler or None, got int"):
         ChunkPrefetcher(counter(), sampler=3)
+
+
+def one_long_episode(n, replacement=True):
+    """A buffer of one n-step episode, 1 stream of 4 steps: chunk k holds obs 4k .. 4k + 3."""
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(2 * n), batch_size=4, sampler=StreamChunkSampler(
+        1, 4, replacement=replacement, generator=torch.Generator().manual_seed(0)))
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[-1] = True
+    rb.extend(TensorDict({"obs": torch.arange(n), ("next", "done"): done}, [n]))
+    return rb
+
+
+def test_a_prefetcher_dropped_inside_a_source_call_puts_back_before_the_next_one_draws():
+    # the loop drops each prefetcher while its worker is inside a (slow) sample: the next
+    # prefetcher must not draw before the dropped one put the sampler back
+    rb = one_long_episode(400)
+
+    def slow_sample():
+        chunk = rb.sample()
+        time.sleep(0.02)  # a slow storage read
+        return chunk
+
+    seen = []
+    for _ in range(4):
+        for i, chunk in enumerate(ChunkPrefetcher(slow_sample, sampler=rb.sampler, depth=2)):
+            seen += chunk["obs"][0].tolist()
+            if i == 1:
+                break
+    assert seen == list(range(32))
+
+
+def test_a_dropped_prefetcher_whose_worker_had_ended_takes_back_its_chunks():
+    rb = one_long_episode(24, replacement=False)  # one epoch: 6 chunks, all drawn ahead at depth 8
+    for i, _ in enumerate(ChunkPrefetcher(rb, depth=8)):
+        wait_for(lambda: not prefetch_threads(), "the worker ending the epoch")
+        if i == 1:
+            break
+    assert [chunk["obs"][0].tolist() for chunk in rb] == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19],
+                                                           [20, 21, 22, 23]]
+
+
+def test_a_stream_state_from_before_rb_empty_keeps_no_step_of_the_old_data():
+    rb = one_long_episode(40)
+    prefetcher = ChunkPrefetcher(rb.sample, depth=2)
+    next(prefetcher), next(prefetcher)
+    state = rb.sampler.stream_state()
+    rb.empty()
+    done = torch.zeros(40, 1, dtype=torch.bool)
+    done[-1] = True
+    rb.extend(TensorDict({"obs": 1000 + torch.arange(40), ("next", "done"): done}, [40]))
+    prefetcher.close()  # puts back the state of the second chunk: its queued steps were emptied
+    chunk = rb.sample()
+    assert chunk["obs"].tolist() == [[1000, 1001, 1002, 1003]] and chunk["is_first"][0, 0].item()
+    rb.sampler.load_stream_state(state)
+    chunk = rb.sample()
+    assert chunk["obs"].tolist() == [[1000, 1001, 1002, 1003]] and chunk["is_first"][0, 0].item()

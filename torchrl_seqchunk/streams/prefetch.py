@@ -295,5 +295,8 @@ class ChunkPrefetcher:
         self.close()
 
     def __del__(self):
+        # a dropped prefetcher closes as close() does: its worker ends the source call it is in
+        # before the sampler is put back (and is free for the next consumer), also when the
+        # worker had ended first
         if getattr(self, "_thread", None) is not None:
-            self._stop.set()
+            self.close()

@@ -192,7 +192,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
                 self._streams.drop_stale(self._log)
 
     def _empty(self) -> None:
-        self._log = _WriteLog()
+        old = getattr(self, "_log", None)  # rb.empty(): the clock goes on (see _WriteLog)
+        self._log = _WriteLog(0 if old is None else old.clock)
         self._tracker = _EpisodeTracker(self.end_key, self.traj_key, self.only_complete, self.init_key)
         self._streams = _Streams(self.num_streams, self.replacement)
 

@@ -24,10 +24,12 @@ class _WriteLog:
     what it was told with the write counts of TorchRL's writers (:meth:`check_seen`).
     """
 
-    def __init__(self):
+    def __init__(self, clock: int = 0):
         self.stamps = torch.full((0,), _UNSET, dtype=torch.long)
-        self.clock = 0  # stamp of the next written step
-        self.origin = 0  # stamp of the oldest step ever written
+        # stamp of the next written step; a log that replaces an emptied one goes on from its
+        # clock, so a stream state taken before the emptying reads every slot as rewritten
+        self.clock = self.start = clock
+        self.origin = clock  # stamp of the oldest step ever written
         self.pending = []  # (slots, stamps) of writes not yet taken, in write order
         self.known = 0  # number of slots holding a stamp
         self.last_slot = None  # slot of the last recorded step (None: none since built)
@@ -66,8 +68,12 @@ class _WriteLog:
             self.stamps = grown
 
     def rewritten_since(self, slots: torch.Tensor, clock: int) -> torch.Tensor:
-        """Bool mask of ``slots`` written again once the clock had read ``clock``."""
-        return self.stamps[slots] >= clock
+        """Bool mask of ``slots`` written again once the clock had read ``clock``, or emptied
+        since (no stamp: a queued slot always had one)."""
+        if slots.numel():
+            self._grow(int(slots.max()) + 1)
+        stamps = self.stamps[slots]
+        return (stamps >= clock) | (stamps == _UNSET)
 
     # ------------------------------------------------------------------------- reading
     def put_back(self, slots: torch.Tensor, stamps: torch.Tensor, writes: torch.Tensor) -> None:
@@ -126,7 +132,7 @@ class _WriteLog:
         unseen = own - self.base["own"] - self.clock + others - self.base["others"]
         newest = storage._last_cursor_index
         if unseen > 0:
-            what = (f"the writers count {unseen} more step(s) written than the {self.clock} "
+            what = (f"the writers count {unseen} more step(s) written than the {self.clock - self.start} "
                     "the sampler was told of")
         elif self.last_slot is not None and newest is not None and int(newest) != self.last_slot:
             what = (f"the storage's last written slot is {int(newest)}, the last slot written "
@@ -153,13 +159,13 @@ class _WriteLog:
         if self.known >= len(storage) or len(storage) < storage.max_size:
             return None
         newest = storage._last_cursor_index  # TorchRL storages keep their last written slot
-        if self.clock or newest is None:
+        if self.clock != self.start or newest is None:
             raise ValueError(
                 f"StreamChunkSampler cannot tell the time order of the "
                 f"{len(storage) - self.known} step(s) a full storage held before the sampler "
                 "first saw it: "
                 + ("the buffer wrote into it since, so its cursor no longer marks where those "
-                   "steps end" if self.clock else "the storage keeps no cursor")
+                   "steps end" if self.clock != self.start else "the storage keeps no cursor")
                 + " (a wrapped ring is not in slot order). Sample once before writing through "
                 "the buffer (rb.sampler.can_sample(rb.storage, batch_size) is enough), or "
                 "start from an empty storage."
@@ -177,11 +183,12 @@ class _WriteLog:
         parts = self.pending or [(torch.zeros(0, dtype=torch.long),) * 2]
         slots, stamps = (torch.cat(tensors) for tensors in zip(*parts))
         writes = torch.cat([torch.full((part.numel(),), i) for i, (part, _) in enumerate(parts)])
-        return {"stamps": self.stamps.clone(), "clock": self.clock, "origin": self.origin,
+        return {"stamps": self.stamps.clone(), "clock": self.clock, "start": self.start, "origin": self.origin,
                 "known": self.known, "pending_slots": slots, "pending_stamps": stamps, "pending_writes": writes}
 
     def load(self, state: dict) -> None:
         self.stamps, self.clock = state["stamps"].clone(), state["clock"]
+        self.start = state.get("start", 0)
         self.origin, self.known = state["origin"], state["known"]
         slots = state["pending_slots"]
         # a state saved before writes were kept apart holds them as one
