@@ -111,6 +111,20 @@ def test_a_second_pass_over_the_chunk_starts_from_the_same_state():
     assert (chunk["recurrent_state_start"] == 0).all()  # the state it started from (none yet)
 
 
+@pytest.mark.parametrize("root_shape, next_shape", [((4, 4), (4, 4, 1)), ((4, 4, 1), (4, 4)), ((2, 5), (2, 5, 1))])
+def test_the_next_views_flags_keep_their_shape_when_the_two_flags_differ_in_a_trailing_1(root_shape, next_shape):
+    # [B, T] root flags beside [B, T, 1] next flags (both allowed): row b, step t of each, never
+    # broadcast into [B, T, T] (which B == T made silent)
+    rnn = ResetRNN(nn.GRU(3, 5, batch_first=True), default_recurrent_mode=True, carry=True)
+    root = torch.rand(root_shape[:2], generator=torch.Generator().manual_seed(0)) < 0.3
+    after = torch.rand(root_shape[:2], generator=torch.Generator().manual_seed(1)) < 0.3
+    td = TensorDict({"embed": torch.randn(*root_shape[:2], 3), "is_first": root.reshape(root_shape),
+                     ("next", "is_first"): after.reshape(next_shape)}, list(root_shape[:2]))
+    rnn(td)
+    assert td["next", "is_first"].shape == next_shape
+    assert td["next", "is_first"].reshape(root.shape).equal(root | after)
+
+
 def test_carried_state_can_be_taken_and_restored():
     rb = episodes_buffer(2)
     net, rnn = q_network()

@@ -56,10 +56,17 @@ def mark_chunk(tensordict: TensorDictBase, keys: list, h0: tuple, is_first_key, 
     for key, value in entries:
         tensordict.set(key, value)
         tensordict.set(unravel_key(("next", key)), value)
-    flags = tensordict.get(is_first_key)
+    flags = tensordict.get(is_first_key).bool()
     next_key = unravel_key(("next", is_first_key))
     previous = tensordict.get(next_key, None)
-    tensordict.set(next_key, flags.bool() if previous is None else previous.bool() | flags.bool())
+    if previous is not None:  # [*batch] or [*batch, 1] each: the next view's shape is kept
+        if previous.numel() != flags.numel():
+            raise ValueError(
+                f"{next_key!r} has shape {list(previous.shape)} and {is_first_key!r} "
+                f"{list(flags.shape)}: each must be [*batch] or [*batch, 1] of the chunk's batch "
+                f"{list(shape)}; store both flags as bool [*batch, 1].")
+        flags = previous.bool() | flags.reshape(previous.shape)
+    tensordict.set(next_key, flags)
 
 
 def carry_as_tensordict(carry: tuple | None, keys: list) -> TensorDict | None:
