@@ -77,7 +77,7 @@ def per_episode_reference(reward, next_value, done, terminated, is_first, gamma,
     return out
 
 
-@pytest.mark.parametrize("n", [1, 3, 5])
+@pytest.mark.parametrize("n", [1, 3, 5, 17, 10**6])  # n past the row's length: every window ends there
 def test_matches_a_per_episode_loop(n):
     g = torch.Generator().manual_seed(n)
     rows, steps = 6, 17
@@ -97,6 +97,13 @@ def test_matches_a_per_episode_loop(n):
     got = boundary_nstep_targets(td, gamma=0.9, n_steps=n)["value_target"].squeeze(-1)
     want = per_episode_reference(reward, next_value, done, terminated, is_first, 0.9, n)
     torch.testing.assert_close(got, want)
+
+
+def test_no_gradient_reaches_the_targets_from_rewards_or_values():
+    td = chunk([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    td["next", "reward"].requires_grad_(True)  # e.g. rewards of a learned model
+    td["next", "state_value"].requires_grad_(True)
+    assert not boundary_nstep_targets(td, gamma=0.5, n_steps=2)["value_target"].requires_grad
 
 
 def test_without_terminated_key_done_and_not_truncated_terminates():

@@ -110,7 +110,7 @@ def boundary_nstep_targets(
         return read_entry(tensordict, arg, key, flag=flag, required=required)
 
     next_value = entry("next_value_key", next_value_key, flag=False, required=True).detach()
-    reward = entry("reward_key", reward_key, flag=False, required=True).to(next_value.dtype)
+    reward = entry("reward_key", reward_key, flag=False, required=True).detach().to(next_value.dtype)
     done = entry("done_key", done_key, flag=True, required=True)
     terminated = entry("terminated_key", terminated_key, flag=True, required=False)
     truncated = entry("truncated_key", truncated_key, flag=True, required=False)
@@ -129,7 +129,7 @@ def boundary_nstep_targets(
     target = torch.zeros_like(next_value)
     running = torch.ones_like(stop)  # still inside the window of step t
     discount = 1.0
-    for k in range(n_steps):
+    for k in range(min(n_steps, stop.shape[-2])):  # every window has stopped by the row's end
         stop_k = ahead(stop, k, True)
         target = target + torch.where(running, discount * ahead(reward, k, 0.0), 0.0)
         last = running & (stop_k if k < n_steps - 1 else torch.ones_like(stop_k))
