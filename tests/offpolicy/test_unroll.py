@@ -1,4 +1,6 @@
 """unroll_with_next and RecurrentDQNLoss against a per-episode, per-step loop of the same network."""
+import copy
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -127,6 +129,19 @@ def test_a_chunk_split_in_two_with_the_carry_equals_one_unroll():
     second = unroll_with_next(net, rnn, td[:, 6:], first.final_state)
     torch.testing.assert_close(torch.cat([first.values, second.values], 1), whole.values)
     torch.testing.assert_close(second.next_values, whole.next_values[:, 6:])
+
+
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_the_rnn_is_left_carrying_the_final_state_and_must_be_inside_the_network(bootstrap):
+    # the step at the chunk's end (next observation) must not move the carry past the chunk
+    net, rnn = q_network()
+    out = unroll_with_next(net, rnn, make_chunk(), bootstrap=bootstrap)
+    torch.testing.assert_close(rnn.carried_state["q_state"], out.final_state[0])
+    _, finals = reference(net, rnn, make_chunk(), lambda b: zeros(1))[1:]
+    torch.testing.assert_close(out.final_state[0], torch.cat([f[0].view(1, 1, -1) for f in finals]))
+    target = copy.deepcopy(net)  # its own rnn: the online one would give the online carry
+    with pytest.raises(ValueError, match="network does not contain rnn"):
+        unroll_with_next(target, rnn, make_chunk())
 
 
 def test_is_first_at_the_first_step_ignores_the_initial_state():

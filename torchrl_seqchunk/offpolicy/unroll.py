@@ -96,7 +96,8 @@ def unroll_with_next(
             writes ``value_key`` (e.g. an encoder, ``rnn`` and a Q head in a
             ``TensorDictSequential``).
         rnn (ResetRNN): the recurrent module inside ``network``, built with
-            ``carry=True`` and a ``reset_state_key`` (the reset state is set here).
+            ``carry=True`` and a ``reset_state_key`` (the reset state is set here). Its
+            carry is left at ``final_state``.
         tensordict (TensorDictBase): batch ``[B, T]`` with ``observation_keys`` at the root
             and under ``"next"``, ``rnn.is_first_key`` and ``done_key`` (bool
             ``[B, T, 1]``); ``terminated_key`` where present, else ``done`` less
@@ -118,7 +119,7 @@ def unroll_with_next(
         Unroll: ``values``, ``next_values``, ``final_state``, ``recurrent_steps``.
 
     Raises:
-        ValueError: ``rnn`` has no ``reset_state_key``, ``tensordict`` is not ``[B, T]``,
+        ValueError: ``rnn`` has no ``reset_state_key`` or is not in ``network``, ``tensordict`` is not ``[B, T]``,
             a key is missing, or ``initial_state`` does not match the rnn's state.
         TypeError: a done, terminated or truncated flag that is not ``torch.bool``.
 
@@ -155,6 +156,11 @@ def unroll_with_next(
     if tensordict.batch_dims != 2 or 0 in tensordict.batch_size:
         raise ValueError(
             f"tensordict must have batch_size [B, T] with B, T >= 1, got {list(tensordict.shape)}."
+        )
+    if not any(module is rnn for module in network.modules()):
+        raise ValueError(
+            "network does not contain rnn (e.g. a target network deep-copied from the online one, "
+            "given with the online rnn): pass the ResetRNN inside network, the final state is read from it."
         )
     own = {rnn.is_first_key, rnn.init_key, *rnn.state_keys, *rnn.reset_state_keys}
     if observation_keys is None:
@@ -230,7 +236,7 @@ def unroll_with_next(
 
     with set_recurrent_mode(True):
         out = network(gathered)
-        final = _final_state(rnn)
+        final, carried = _final_state(rnn), rnn.carried_state
         if not bootstrap:
             return Unroll(_gather_steps(out.get(value_key), pos), None, final, batch * length)
         end = TensorDict(
@@ -241,6 +247,7 @@ def unroll_with_next(
         for key, h in zip(rnn.reset_state_keys, final):
             end.set(key, h.unsqueeze(1))
         end_value = network(end).get(value_key)  # [B, 1, *V]
+        rnn.carried_state = carried  # the carry is the state after the chunk, not after this extra step
     value = out.get(value_key)  # [B, length, *V]
     next_pos = torch.where(insert, pos + 1, pos.roll(-1, 1))[:, :-1]
     next_values = torch.cat([_gather_steps(value, next_pos), end_value], 1)
