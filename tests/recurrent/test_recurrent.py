@@ -747,6 +747,20 @@ def test_scan_ignores_a_garbage_state_replaced_at_t0():
     torch.testing.assert_close(h, h_ref)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_scan_keeps_a_non_finite_input_on_its_side_of_a_reset(bad):
+    """As the per-step loop: a NaN or inf observation taints its episode only (0 * inf is not 0)."""
+    torch.manual_seed(0)
+    cell = MinGRUCell(F, H)
+    x, is_first = torch.randn(1, 6, F), torch.zeros(1, 6, dtype=torch.bool)
+    x[0, 1], is_first[0, 3] = bad, True
+    y, h = rnn_with_resets(cell, x, is_first, backend="scan")
+    y_loop, h_loop = rnn_with_resets(cell, x, is_first, backend="loop")
+    assert torch.isfinite(y[0, 3:]).all() and torch.isfinite(h).all()
+    torch.testing.assert_close(y[0, 3:], y_loop[0, 3:])
+    torch.testing.assert_close(h, h_loop)
+
+
 def test_missing_input_keys_are_named():
     module = ResetRNN(nn.GRU(F, H, batch_first=True))
     x, is_first = torch.randn(B, T, F), random_flags()

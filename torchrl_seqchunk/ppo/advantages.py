@@ -33,10 +33,9 @@ class _DiscountedSum(nn.Module):
 
     hidden_size = 1
 
-    def __init__(self, decay: float, contain_non_finite: bool = False):
+    def __init__(self, decay: float):
         super().__init__()
         self.decay = decay
-        self.contain_non_finite = contain_non_finite  # the scan keeps a non-finite value in its episode
 
     def linear_coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full_like(x, self.decay), x
@@ -172,9 +171,9 @@ def boundary_gae(
         bootstrap = next_value.to(value.dtype).masked_fill(terminated, 0.0)
         delta = reward.to(value.dtype) + gamma * bootstrap - value
         # backwards in time, A_{t+1} is the state before step t: reset it after a stop
-        # a non-finite delta (a diverged critic) stays in its episode, at the scan's dearer rounds
+        # a non-finite delta (a diverged critic) stays in its episode: the scan contains it
         backward, _ = rnn_with_resets(
-            _DiscountedSum(gamma * lmbda, contain_non_finite=not bool(torch.isfinite(delta).all())),
+            _DiscountedSum(gamma * lmbda),
             delta.reshape(-1, steps, 1).flip(1),
             stop.reshape(-1, steps).flip(1),
             backend="scan",
