@@ -66,7 +66,7 @@ from common import options
 from common.agent import make_agent
 from common.batching import StreamBatching
 from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_env
+from common.envs import check_keep, make_acting_env, make_env, seeded
 from common.loopback import join_loopback_group, loopback_store
 from common.ppo import LOGGED, add_advantages, anneal, update
 from common.report import Report, check_run_folder, finished_returns
@@ -154,9 +154,11 @@ def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch:
     job = Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
     env_factory = functools.partial(make_acting_env, job, rnns, cfg.seed + 1000 * worker)
     collector_options = {"postproc": TagTrajectories(worker, cfg.workers)}
-    if cfg.engine == "local":
+    if cfg.engine == "local":  # its actions come from the rank's generator (seeded in learner)
         return Collector(env_factory(), policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
                          device=cfg.device, **collector_options)
+    # a Ray worker draws its actions from its own process's generator: seeded per worker
+    env_factory = functools.partial(seeded, rank_seed(cfg.seed, worker, stream=1), env_factory)
     from torchrl.collectors.distributed import RayCollector
 
     # the worker starts from the weights pickled with the policy, then gets them from send_weights
@@ -255,6 +257,8 @@ def learner(rank: int, cfg: DistConfig) -> None:
     policy = TensorDictSequential(actor, critic)  # the critic also runs, storing its memory
     collectors = [make_collector(cfg, w, policy, rnns, frames_per_batch, iterations * frames_per_batch)
                   for w in workers]
+    # the actions of this rank's local collectors: a stream of its own, not the same draws on every rank
+    torch.manual_seed(rank_seed(cfg.seed, rank, stream=1))
     # every rollout of this rank's workers, read as B streams whose draws are seeded by (seed, rank)
     generator = torch.Generator().manual_seed(rank_seed(cfg.seed, rank))
     buffer = StreamBatching.make_buffer(cfg, len(workers) * frames_per_batch, generator)

@@ -157,6 +157,15 @@ def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
     assert "every learner needs an env worker" in refusal("distributed_ppo.py", "--learners", "2", "--workers", "1")
 
 
+def test_a_seeded_env_factory_seeds_the_worker_generator_the_actions_come_from():
+    from common.envs import seeded
+
+    torch.manual_seed(0)
+    drawn = seeded(5, lambda: torch.rand(3))  # a Ray worker's env factory, then its first draw
+    torch.manual_seed(5)
+    assert drawn.equal(torch.rand(3)) and not seeded(6, lambda: torch.rand(3)).equal(drawn)
+
+
 def test_distributed_ppo_refuses_a_ray_address_without_the_ray_engine():
     for address in ("auto", ""):  # "" is the default, given: still an option the run would ignore
         message = refusal("distributed_ppo.py", "--address", address)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import torch
 from torchrl.collectors import Collector
 from torchrl.envs import Compose, InitTracker, ParallelEnv, RewardSum, SerialEnv, TensorDictPrimer, TransformedEnv
 
@@ -70,6 +71,15 @@ def make_acting_env(cfg, rnns, seed: int) -> TransformedEnv:
     env.append_transform(TensorDictPrimer(specs, expand_specs=True))
     env.set_seed(seed)
     return env
+
+
+def seeded(seed: int, factory):
+    """``factory()`` after seeding torch's global generator with ``seed``: in a worker process
+    (a Ray actor) the generator its policy draws the actions from, which every process would
+    otherwise start from torch's one default seed. ``functools.partial(seeded, seed, factory)``
+    is a picklable env factory."""
+    torch.manual_seed(seed)
+    return factory()
 
 
 def make_collector(cfg, env, policy, frames_per_batch: int, total_frames: int):

@@ -164,7 +164,11 @@ def test_assign_workers_round_robin_and_rank_seeds():
 
     want = np.random.SeedSequence(3, spawn_key=(1,)).generate_state(1, np.uint64)[0]
     assert rank_seed(3, 1) == int(want)
-    seeds = {rank_seed(s, r) for s, r in itertools.product(range(3), range(4))}
-    assert len(seeds) == 12  # no two (seed, rank) pairs share a seed
+    want = np.random.SeedSequence(3, spawn_key=(1, 2)).generate_state(1, np.uint64)[0]
+    assert rank_seed(3, 1, stream=2) == int(want) and rank_seed(3, 1, stream=0) == rank_seed(3, 1)
+    seeds = {rank_seed(s, r, stream=k) for s, r, k in itertools.product(range(3), range(4), range(3))}
+    assert len(seeds) == 36  # no two (seed, rank, stream) share a seed
     with pytest.raises(ValueError, match="rank must be >= 0, got -1"):
         rank_seed(0, -1)
+    with pytest.raises(ValueError, match="stream must be >= 0, got -1"):
+        rank_seed(0, 1, stream=-1)

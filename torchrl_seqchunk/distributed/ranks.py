@@ -60,24 +60,32 @@ def _all_reduce(
     return reduced.tolist()
 
 
-def rank_seed(seed: int, rank: int) -> int:
-    """The seed of rank ``rank``'s sampler in a run seeded with ``seed``.
+def rank_seed(seed: int, rank: int, *, stream: int = 0) -> int:
+    """The seed of rank ``rank``'s sampler in a run seeded with ``seed`` (``stream`` 0), or of
+    another of its random streams.
 
-    It is the first 64-bit word of NumPy's ``SeedSequence(seed, spawn_key=(rank,))``, the
-    standard way to derive independent child streams from one seed: different ranks get
-    unrelated seeds, the same ``(seed, rank)`` always the same one. Pass it as
-    ``StreamChunkSampler(..., seed=rank_seed(seed, rank))``.
+    It is the first 64-bit word of NumPy's ``SeedSequence(seed, spawn_key=(rank,))``
+    (``(rank, stream)`` for ``stream > 0``), the standard way to derive independent child
+    streams from one seed: different ranks (and streams) get unrelated seeds, the same
+    ``(seed, rank, stream)`` always the same one. Pass it as
+    ``StreamChunkSampler(..., seed=rank_seed(seed, rank))``; seed each other generator of a
+    rank from a stream of its own (e.g. ``torch.manual_seed(rank_seed(seed, rank, stream=1))``
+    for the actions a rank's collectors draw): two generators of one kind seeded alike draw
+    the same numbers.
 
     Args:
         seed (int): the run's seed, ``>= 0``.
-        rank (int): the learner's rank, ``>= 0``.
+        rank (int): the learner's rank (or any index: an env worker's), ``>= 0``.
+
+    Keyword Args:
+        stream (int): which of the rank's streams, ``>= 0``. Default ``0`` (the sampler's).
 
     Returns:
         int: a seed in ``[0, 2**64)``.
 
     Raises:
-        TypeError: ``seed`` or ``rank`` not an int (a ``bool`` is refused).
-        ValueError: ``seed`` or ``rank`` negative.
+        TypeError: ``seed``, ``rank`` or ``stream`` not an int (a ``bool`` is refused).
+        ValueError: ``seed``, ``rank`` or ``stream`` negative.
 
     Examples:
         >>> from torchrl_seqchunk import rank_seed
@@ -87,7 +95,8 @@ def rank_seed(seed: int, rank: int) -> int:
         True
     """
     seed, rank = check_int("seed", seed, low=0), check_int("rank", rank, low=0)
-    sequence = np.random.SeedSequence(seed, spawn_key=(rank,))
+    stream = check_int("stream", stream, low=0)
+    sequence = np.random.SeedSequence(seed, spawn_key=(rank, stream) if stream else (rank,))
     return int(sequence.generate_state(1, np.uint64)[0])
 
 
