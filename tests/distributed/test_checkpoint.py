@@ -222,10 +222,10 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
     optim.step()
     save_checkpoint(tmp_path, step=1, buffer=buffer, model=model, optimizer=optim)
 
-    def run(*, streams=2, out_features=1, two_groups=False, optimizer=torch.optim.Adam, **hyper):
+    def run(*, streams=2, capacity=100, out_features=1, two_groups=False, optimizer=torch.optim.Adam, **hyper):
         """A run to resume: 4 steps already in its buffer, a model of another seed."""
         torch.manual_seed(1)
-        buffer = make_buffer(0, streams=streams)
+        buffer = make_buffer(0, streams=streams, capacity=capacity)
         buffer.extend(episodes([2, 2]))
         model, _ = make_model()
         model[2].module[1] = nn.Linear(4, out_features)
@@ -240,6 +240,8 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
         ({"two_groups": True}, r"optimizer does not fit rank 0's saved optimizer \(ValueError: loaded state "
                         r"dict has a different number of parameter groups\)"),
         ({"streams": 3}, r"\(num_streams, seq_len\) = \(2, 4\), this sampler has \(3, 4\)"),
+        # TorchRL's loads failed deep in tensordict, after the other parts' checks had passed
+        ({"capacity": 50}, r"buffer's storage is \{.*'max_size': 50\}, rank 0 saved \{.*'max_size': 100\}"),
         # Adam's state loads into any optimizer class: SGD's first step() raised KeyError
         ({"optimizer": torch.optim.SGD, "lr": 0.1},
          r"optimizer is a torch.optim.sgd.SGD, rank 0 saved a torch.optim.adam.Adam"),
@@ -257,6 +259,22 @@ def test_a_load_that_does_not_fit_changes_nothing(tmp_path):
         assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
         assert optim.state_dict()["state"] == {}
         assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_parts_of_the_wrong_kind_are_named_before_anything_is_written_or_loaded(tmp_path):
+    model, _ = make_model()
+    optim, buffer = torch.optim.Adam(model.parameters()), make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    parts = {"buffer": buffer, "model": model, "optimizer": optim}
+    for name in parts:
+        wrong = {**parts, name: None}
+        with pytest.raises(TypeError, match=f"{name} must be .*, got NoneType"):
+            save_checkpoint(tmp_path / "never", step=1, **wrong)
+        assert not (tmp_path / "never").exists()
+    save_checkpoint(tmp_path, step=1, **parts)
+    for name in parts:
+        with pytest.raises(TypeError, match=f"{name} must be .*, got NoneType"):
+            load_checkpoint(tmp_path, **{**parts, name: None})
 
 
 def test_a_different_lr_is_restored_from_the_checkpoint(tmp_path):
@@ -393,3 +411,28 @@ def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path):
     assert manifest == (False, False, True, True)
     # the checkpoint of step 3: rank 0's 3 + 4 steps, rank 1's 2 + 3
     assert (rank0["step"], rank0["steps"], rank1["step"], rank1["steps"]) == (3, 7, 3, 5)
+
+
+def save_at_rank_steps(rank, world_size, out):
+    """Each rank saves at its own step (a rank one step ahead): every rank must refuse."""
+    torch.manual_seed(0)
+    model, _ = make_model()
+    buffer = make_buffer(rank)
+    buffer.extend(episodes([3, 4]))
+    try:
+        save_checkpoint(out / "checkpoint", step=1 + rank, buffer=buffer, model=model,
+                        optimizer=torch.optim.Adam(model.parameters()))
+        result = None
+    except Exception as error:
+        result = f"{type(error).__name__}: {error}"
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.distributed
+def test_ranks_saving_different_steps_are_refused_on_every_rank(tmp_path):
+    spawn(save_at_rank_steps, tmp_path, timeout=90)
+    for rank in range(2):
+        error = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert error.startswith(f"ValueError: the ranks called save_checkpoint with different step or workers, "
+                                f"or see different checkpoints at the path (rank {rank}: step {1 + rank},"), error
+    assert not (tmp_path / "checkpoint" / "manifest.json").exists()

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import shutil
+import zlib
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torchrl.data import ReplayBuffer
 
@@ -22,7 +25,7 @@ from .._checks import check_int
 from ..streams.prefetch import ChunkPrefetcher
 from ..streams.sampler import StreamChunkSampler
 from .manifest import _check_workers, _read_manifest, _write_manifest
-from .ranks import _on_every_rank, _world
+from .ranks import _all_reduce, _on_every_rank, _world
 from .rng import _rng_state, _set_rng_state
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -95,6 +98,36 @@ def _check_optimizer(rank: int, state: dict[str, Any], optimizer: torch.optim.Op
         )
 
 
+def _check_parts(buffer, model, optimizer) -> None:
+    """TypeError for a part that is not what it must be (checked before anything is written or loaded)."""
+    for name, value, kind, what in (("buffer", buffer, ReplayBuffer, "a TorchRL ReplayBuffer"),
+                                    ("model", model, nn.Module, "an nn.Module"),
+                                    ("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer")):
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be {what}, got {type(value).__name__}; pass this rank's {name}.")
+
+
+def _storage_of(buffer: ReplayBuffer) -> dict[str, Any]:
+    """What a saved storage must equal to load: its class and capacity."""
+    return {"class": _class_name(buffer.storage), "max_size": getattr(buffer.storage, "max_size", None)}
+
+
+def _check_agreement(step: int, workers, folder: str) -> None:
+    """Raises on every rank when the ranks' ``step``, ``workers`` or data folder differ (a
+    folder differs where the ranks do not share the checkpoint's filesystem)."""
+    if not dist.is_initialized():
+        return
+    mine = [step, zlib.crc32(json.dumps(workers).encode()), zlib.crc32(folder.encode())]
+    highest = _all_reduce(mine + [-value for value in mine], dist.ReduceOp.MAX)  # max, then -min
+    if highest[:3] != [-value for value in highest[3:]]:
+        raise ValueError(
+            f"the ranks called save_checkpoint with different step or workers, or see different "
+            f"checkpoints at the path (rank {dist.get_rank()}: step {step}, workers {workers}, data "
+            f"folder {folder}); call it on every rank at once with the same step and workers, on a "
+            "path every rank shares (one filesystem)."
+        )
+
+
 def _check_fits(
     rank: int, state: dict[str, Any], buffer: ReplayBuffer, model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -118,6 +151,12 @@ def _check_fits(
             "the model as for the saved run."
         )
     _check_optimizer(rank, state, optimizer)
+    saved_storage = state.get("storage")  # a checkpoint saved before storages were kept: not compared
+    if saved_storage is not None and saved_storage != _storage_of(buffer):
+        raise ValueError(
+            f"buffer's storage is {_storage_of(buffer)}, rank {rank} saved {saved_storage}; build the "
+            "buffer's storage as for the saved run (the same class and capacity)."
+        )
     if state["sampler"] is not None:
         if not isinstance(buffer.sampler, StreamChunkSampler):
             raise ValueError(
@@ -161,7 +200,9 @@ def save_checkpoint(
     torch / NumPy / Python random states, ``step`` and ``extra`` into a fresh data folder;
     then rank 0 replaces ``manifest.json`` at once to point at it and removes the old one.
     The ranks agree after each stage that every one got through it, so a failure on one
-    rank raises on all of them, and a crash at any point leaves the old checkpoint whole.
+    rank raises on all of them, and a process that crashes at any point leaves the old
+    checkpoint whole (the files are not synced to disk: after an OS crash or a power loss
+    the newest may be incomplete). Every rank must see the same ``path`` (one filesystem).
     Without an initialized process group it is a one-rank checkpoint.
 
     .. note:: Save with no :class:`~torchrl_seqchunk.IngestThread` writing and no
@@ -193,12 +234,14 @@ def save_checkpoint(
         Path: ``path``.
 
     Raises:
-        TypeError: ``step`` not an int; ``workers`` not a list of ints; ``extra`` that
+        TypeError: ``buffer``, ``model`` or ``optimizer`` of the wrong kind (``None``);
+            ``step`` not an int; ``workers`` not a list of ints; ``extra`` that
             ``torch.load(weights_only=True)`` cannot read back (checked on every rank
             before anything is written, so a checkpoint already at ``path`` stays whole).
         ValueError: ``workers`` naming a rank outside ``[0, world_size)``; a ``buffer``
             never written to (TorchRL cannot save its storage yet); a ``prefetcher`` of
-            another sampler.
+            another sampler; ranks that pass different ``step`` or ``workers``, or see
+            different checkpoints at ``path`` (raised on every rank).
         RuntimeError: on the other ranks when some rank failed (any of the errors above,
             or an ``OSError`` writing its files): it names the ranks that failed; the
             checkpoint at ``path`` is as it was.
@@ -227,6 +270,7 @@ def save_checkpoint(
     path = Path(path)
     untouched = f"nothing was written: a checkpoint at {path} is as it was."
     with _on_every_rank("checking the arguments of save_checkpoint", untouched):
+        _check_parts(buffer, model, optimizer)
         step = check_int("step", step)
         workers = _check_workers(workers)
         _check_extra(extra)
@@ -247,6 +291,8 @@ def save_checkpoint(
                 "built on this buffer (or none)."
             )
         folder, live = _next_folder(path)
+    with _on_every_rank("comparing the ranks' calls", untouched):
+        _check_agreement(step, workers, folder)
     kept = f"the checkpoint at {path} is as it was (the new files are under no manifest)."
     with _on_every_rank("writing its files", kept):
         own = path / folder / f"rank{rank}"
@@ -265,6 +311,7 @@ def save_checkpoint(
                 "optimizer": optimizer.state_dict(),
                 "optimizer_class": _class_name(optimizer),
                 "sampler": sampler,
+                "storage": _storage_of(buffer),
                 "rng": _rng_state(),
                 "extra": extra,
             },
@@ -328,8 +375,7 @@ def load_checkpoint(
     devices) and the ranks agree that all passed before anything loads.
 
     .. note:: ``lr`` may differ from the saved one (a scheduler's): it is restored. Errors
-        of TorchRL's ``buffer.loads`` past these checks (a buffer of another capacity or
-        storage kind) can leave the buffer partly loaded.
+        of TorchRL's ``buffer.loads`` past these checks can leave the buffer partly loaded.
 
     Args:
         path (str or Path): the checkpoint folder.
@@ -354,10 +400,12 @@ def load_checkpoint(
             two checkpoints mixed); a ``model`` whose keys or shapes differ from the saved
             model's; an ``optimizer`` of another class, or whose parameter groups or their
             hyperparameters (but ``lr``) differ from the saved one's; a
-            buffer whose :class:`~torchrl_seqchunk.StreamChunkSampler` has other
-            ``(num_streams, seq_len)``; generators saved for more CUDA devices than this
+            buffer of another storage class or capacity, or whose
+            :class:`~torchrl_seqchunk.StreamChunkSampler` has other ``(num_streams,
+            seq_len)`` or settings; generators saved for more CUDA devices than this
             process sees.
-        TypeError: ``workers`` not a list of ints.
+        TypeError: ``buffer``, ``model`` or ``optimizer`` of the wrong kind; ``workers``
+            not a list of ints.
         RuntimeError: on the other ranks when some rank failed a check; it names them.
     """
     path = Path(path)
@@ -365,6 +413,7 @@ def load_checkpoint(
     untouched = ("nothing was loaded: the buffer, model, optimizer and random generators of "
                  "every rank are as they were.")
     with _on_every_rank(f"checking the checkpoint at {path}", untouched):
+        _check_parts(buffer, model, optimizer)
         own, state, manifest = _read_checkpoint(path, rank, world_size, workers)
         _check_fits(rank, state, buffer, model, optimizer)
     buffer.loads(own / "buffer")
