@@ -168,8 +168,25 @@ def test_bad_arguments():
             for call in (ingest.request, ingest.wait):
                 with pytest.raises(TypeError, match=re.escape(f"batches must be an int, got {bad!r} ({kind})")):
                     call(bad)
-        with pytest.raises(TypeError, match=r"timeout must be a number of seconds or None, got '1' \(str\)"):
+        with pytest.raises(TypeError, match=r"timeout must be a real number, got '1' \(str\)"):
             ingest.wait(1, timeout="1")
+        # NaN waited forever, inf and 1e20 overflowed inside threading
+        for bad in (float("nan"), float("inf"), 1e20, -1.0):
+            for call in (lambda: ingest.wait(1, timeout=bad), lambda: ingest.close(timeout=bad)):
+                with pytest.raises(ValueError, match="timeout must be .* Pass seconds to wait"):
+                    call()
+
+
+def test_an_empty_batch_is_counted_and_writes_nothing():
+    empty = TensorDict({"obs": torch.zeros(0, 3, dtype=torch.long), ("next", "done"): torch.zeros(0, 3, 1, dtype=torch.bool)},
+                       [0, 3])
+    full = TensorDict({"obs": torch.arange(3).view(1, 3), ("next", "done"): torch.tensor([[[0], [0], [1]]]).bool()},
+                      [1, 3])
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(20), sampler=StreamChunkSampler(1, 3, seed=0), batch_size=3)
+    with IngestThread([empty, full], rb) as ingest:
+        ingest.wait(2, timeout=30)
+        assert (ingest.batches, ingest.frames, len(rb)) == (2, 3, 3)
+    assert rb.sample()["obs"].tolist() == [[0, 1, 2]]
 
 
 def test_a_failed_thread_fails_every_later_call():

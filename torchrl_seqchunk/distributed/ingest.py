@@ -9,12 +9,20 @@ from collections.abc import Callable, Iterable
 from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
-from .._checks import check_int
+from .._checks import check_int, check_real
 
 __all__ = ["IngestThread"]
 
 
 _MASK = ("collector", "mask")  # False on the padding of a collector with split_trajs=True
+
+
+def _seconds(name: str, value) -> float:
+    """``value`` as seconds to wait: a finite number in ``[0, threading.TIMEOUT_MAX]``."""
+    try:
+        return check_real(name, value, low=0.0, high=threading.TIMEOUT_MAX)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{error} Pass seconds to wait (None, where allowed: no limit).") from None
 
 
 class IngestThread:
@@ -129,11 +137,14 @@ class IngestThread:
                             "batch, also from a transform that edits it in place."
                         )
                 mask = batch.get(_MASK, default=None)
-                steps = batch.reshape(-1) if mask is None else batch[mask.bool()]
-                self.buffer.extend(steps)
+                if not batch.batch_size.numel():  # an empty batch writes nothing (TensorDict's
+                    steps = batch                   # numel() is 1 for it, and reshape(-1) fails)
+                else:
+                    steps = batch.reshape(-1) if mask is None else batch[mask.bool()]
+                    self.buffer.extend(steps)
                 with self._changed:
                     self.batches += 1
-                    self.frames += steps.numel()
+                    self.frames += steps.batch_size.numel()
                     self._changed.notify_all()
         except BaseException as error:  # handed to the learner
             self._error = error
@@ -202,11 +213,11 @@ class IngestThread:
                 ``batches`` batches; the thread failed earlier.
             TimeoutError: ``timeout`` passed first.
             TypeError: ``batches`` not an int; ``timeout`` neither a number nor None.
+            ValueError: ``timeout`` negative, NaN, infinite or past ``threading.TIMEOUT_MAX``
+                (None waits without limit).
         """
         check_int("batches", batches)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
-            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r} "
-                            f"({type(timeout).__name__}).")
+        timeout = None if timeout is None else _seconds("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while self.batches < batches and not self._finished:
@@ -236,7 +247,10 @@ class IngestThread:
 
         Raises:
             Exception: the thread's exception, if it failed and no earlier call raised it.
+            TypeError, ValueError: ``timeout`` not a finite number of seconds in
+                ``[0, threading.TIMEOUT_MAX]``.
         """
+        timeout = _seconds("timeout", timeout)
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
