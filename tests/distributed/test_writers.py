@@ -76,6 +76,8 @@ def test_tag_values_shapes_and_pickling():
         ((0, 2), {"obs": torch.zeros(2)}, ValueError, r"traj_key \('collector', 'traj_ids'\) not found"),
         ((0, 2), {TRAJ: torch.tensor([0.0, 1.0])}, TypeError, "must hold integer ids, got dtype torch.float32"),
         ((0, 2), {TRAJ: torch.tensor([0, -1])}, ValueError, r"negative ids \(smallest -1\)"),
+        # 2**62 * 2 + 1 wrapped to -2**63 + 1, onto another trajectory's id
+        ((1, 2), {TRAJ: torch.tensor([0, 2**62])}, ValueError, r"would pass int64's range \(at most 4611686018427387903"),
     ],
 )
 def test_bad_arguments_and_batches(args, data, error, words):
@@ -88,5 +90,8 @@ def test_narrow_id_dtypes_are_tagged_in_int64_and_bool_ids_refused():
     out = TagTrajectories(1, 4)(TensorDict({("collector", "traj_ids"): ids}, [2]))
     assert out["collector", "traj_ids"].dtype == torch.long
     assert out["collector", "traj_ids"].tolist() == [2**32 + 1, 21]
+    assert ids.tolist() == [2**30, 5]  # the tensor the batch held is left as it was (a new one is set)
+    assert TagTrajectories(1, 2)(TensorDict({("collector", "traj_ids"): torch.tensor([2**62 - 1])}, [1]))[
+        "collector", "traj_ids"].tolist() == [2**63 - 1]  # the largest id that fits
     with pytest.raises(TypeError, match="integer ids"):
         TagTrajectories(1, 4)(TensorDict({("collector", "traj_ids"): torch.tensor([True, False])}, [2]))

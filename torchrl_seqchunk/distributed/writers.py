@@ -35,14 +35,15 @@ class TagTrajectories:
             where TorchRL collectors write them.
 
     Calling it on a TensorDict ``td`` (any batch size, e.g. a collector's ``[num_envs, T]``
-    batch) rewrites ``td[traj_key]`` (integer, non-negative, of ``td``'s batch shape) in
-    place, same shape and dtype, and returns ``td``.
+    batch) sets ``td[traj_key]`` (integer, non-negative, of ``td``'s batch shape) to the
+    tagged ids as a new int64 tensor of the same shape (a narrower dtype would wrap; the
+    tensor ``td`` held is left as it was) and returns ``td``.
 
     Raises:
         TypeError: ``worker`` / ``num_workers`` not integers (a ``bool`` is refused); ids
             of a floating-point dtype.
         ValueError: ``num_workers`` < 1 or ``worker`` outside ``[0, num_workers)``; a batch
-            without ``traj_key``; negative ids.
+            without ``traj_key``; negative ids, or ids whose tag would pass int64's range.
 
     Examples:
         >>> import torch
@@ -77,6 +78,13 @@ class TagTrajectories:
                 f"traj_key {self.traj_key!r} holds negative ids (smallest {int(ids.min())}), "
                 "which the tag would map onto another worker's ids; tag the collector's own "
                 "ids (numbered from 0) before any padding."
+            )
+        largest = (torch.iinfo(torch.long).max - self.worker) // self.num_workers
+        if ids.numel() and int(ids.max()) > largest:
+            raise ValueError(
+                f"traj_key {self.traj_key!r} holds id {int(ids.max())}, whose tag would pass "
+                f"int64's range (at most {largest} with {self.num_workers} workers) and wrap onto "
+                "another trajectory's; tag the collector's own ids (numbered from 0)."
             )
         # in int64: a narrower dtype would wrap and merge two workers' trajectories
         td.set(self.traj_key, ids.long() * self.num_workers + self.worker)
