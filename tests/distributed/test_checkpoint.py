@@ -287,6 +287,31 @@ def test_a_different_lr_is_restored_from_the_checkpoint(tmp_path):
     assert optim.param_groups[0]["lr"] == 0.5
 
 
+@pytest.mark.parametrize("optimizer, options", [(torch.optim.Adam, {}), (torch.optim.SGD, {"momentum": 0.9})])
+def test_a_momentum_a_one_cycle_schedule_moved_is_restored_too(tmp_path, optimizer, options):
+    def run():
+        model, _ = make_model()
+        optim = optimizer(model.parameters(), lr=1e-3, **options)
+        return model, optim, torch.optim.lr_scheduler.OneCycleLR(optim, max_lr=1e-2, total_steps=100)
+
+    model, optim, schedule = run()
+    buffer = make_buffer(0)
+    buffer.extend(episodes([3, 4]))
+    for _ in range(10):
+        optim.step()
+        schedule.step()
+    save_checkpoint(tmp_path, step=10, buffer=buffer, model=model, optimizer=optim)
+    model2, optim2, _ = run()  # built anew: its momentum at the cycle's start
+    load_checkpoint(tmp_path, buffer=make_buffer(0), model=model2, optimizer=optim2)
+    key = "betas" if optimizer is torch.optim.Adam else "momentum"
+    assert optim2.param_groups[0][key] == optim.param_groups[0][key] != run()[1].param_groups[0][key]
+    # without a cycling scheduler a momentum of its own is still refused
+    other, _ = make_model()
+    with pytest.raises(ValueError, match=f"hyperparameters differ .*group 0 {key}"):
+        load_checkpoint(tmp_path, buffer=make_buffer(0), model=other,
+                        optimizer=optimizer(other.parameters(), lr=1e-3, **{**options, key: (0.5, 0.9) if key == "betas" else 0.5}))
+
+
 @pytest.mark.parametrize("field, value", [("world_size", True), ("step", 1.0), ("workers", [True])])
 def test_a_manifest_field_of_the_wrong_type_is_refused(tmp_path, field, value):
     model, _ = make_model()

@@ -65,11 +65,17 @@ def _equal(a, b) -> bool:
     return a == b
 
 
+# what a scheduler moves, restored from the checkpoint rather than compared: the learning rate,
+# and the momentum of a group whose scheduler cycles it (OneCycleLR, CyclicLR: base_momentum)
+_SCHEDULED, _CYCLED = {"params", "lr", "initial_lr"}, {"betas", "momentum"}
+
+
 def _hyperparameter_differences(saved: list[dict], here: list[dict]) -> list[str]:
-    """The hyperparameters (all but ``params``, ``lr``, ``initial_lr``) that differ, by group."""
+    """The hyperparameters that differ, by group (not those a scheduler moves)."""
     differences = []
     for i, (old, new) in enumerate(zip(saved, here)):
-        for key in sorted((old.keys() | new.keys()) - {"params", "lr", "initial_lr"}):
+        moved = _SCHEDULED | (_CYCLED if "base_momentum" in old and "base_momentum" in new else set())
+        for key in sorted((old.keys() | new.keys()) - moved):
             a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
             if not _equal(a, b):
                 differences.append(f"group {i} {key}: saved {a!r}, here {b!r}")
@@ -374,7 +380,9 @@ def load_checkpoint(
     shapes, optimizer class, parameter groups and hyperparameters, sampler sizes, CUDA
     devices) and the ranks agree that all passed before anything loads.
 
-    .. note:: ``lr`` may differ from the saved one (a scheduler's): it is restored. Errors
+    .. note:: ``lr`` may differ from the saved one (a scheduler's): it is restored, as
+        are ``betas`` / ``momentum`` in a group whose scheduler cycles them (``OneCycleLR``,
+        ``CyclicLR``: the group holds ``base_momentum``). Errors
         of TorchRL's ``buffer.loads`` past these checks can leave the buffer partly loaded.
 
     Args:
@@ -399,7 +407,7 @@ def load_checkpoint(
             than the saved one; this rank's step differs from the manifest's (files of
             two checkpoints mixed); a ``model`` whose keys or shapes differ from the saved
             model's; an ``optimizer`` of another class, or whose parameter groups or their
-            hyperparameters (but ``lr``) differ from the saved one's; a
+            hyperparameters (but those a scheduler moves, see the note) differ from the saved one's; a
             buffer of another storage class or capacity, or whose
             :class:`~torchrl_seqchunk.StreamChunkSampler` has other ``(num_streams,
             seq_len)`` or settings; generators saved for more CUDA devices than this
