@@ -82,9 +82,15 @@ class Config:
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag."""
-        for name, low in {"total_frames": 1, "train_steps": 1, "seed": 0, "size": 8, "num_streams": 1,
+        for name, low in {"total_frames": 1, "train_steps": 1, "size": 8, "num_streams": 1,
                           "seq_len": 1, "hidden": 1, "prefetch_depth": 1, "threads": 1}.items():
             options.integer(name, getattr(self, name), low)
+        options.integer("seed", self.seed, 0, 2**64 - 1)  # torch.manual_seed's range
+        gym.register_envs(ale_py)
+        options.gym_id("env", self.env)
+        if not self.env.startswith("ALE/"):
+            raise ValueError(f"--env must be an Atari game (ALE/..., e.g. ALE/Breakout-v5): its frames are "
+                             f"read as grayscale pixels, got {self.env!r}")
         if self.size % 8:
             raise ValueError(f"--size must be a multiple of 8 (e.g. 64), got {self.size}")
         options.real("lr", self.lr, 0.0, open_low=True)
@@ -108,7 +114,6 @@ def collect(cfg: Config, buffer: TensorDictReplayBuffer) -> tuple[int, int]:
 
     Returns (number of episodes, number of actions)."""
 
-    gym.register_envs(ale_py)
     env = gym.make(cfg.env, obs_type="grayscale")
     env.action_space.seed(cfg.seed)
     obs, _ = env.reset(seed=cfg.seed)
@@ -220,6 +225,9 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
         batch_size=cfg.num_streams * cfg.seq_len,
     )
     episodes, num_actions = collect(cfg, buffer)
+    if not episodes:  # the sampler draws whole episodes only
+        options.fail(f"no episode of {cfg.env} ended within --total-frames {cfg.total_frames}: raise "
+                     "--total-frames (a random policy's episode lasts hundreds to thousands of frames)")
     print(f"stored {len(buffer)} steps in {episodes} episodes")
     t0 = time.perf_counter()
     for _ in range(20):  # the sampler alone, gathering [B, T] chunks of pixels
@@ -270,7 +278,8 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
           f"{cfg.train_steps * cfg.num_streams * cfg.seq_len / elapsed:.0f} frames/s; "
           f"trainer waited {100 * waited / elapsed:.1f}% of the time for chunks")
     for label, curve in curves.items():
-        print(f"{label:>22}: loss t=0 {curve[0]:.4f}  t<8 {curve[:8].mean():.4f}  t>=8 {curve[8:].mean():.4f}")
+        later = f"  t>=8 {curve[8:].mean():.4f}" if cfg.seq_len > 8 else ""  # none with --seq-len 8 or less
+        print(f"{label:>22}: loss t=0 {curve[0]:.4f}  t<8 {curve[:8].mean():.4f}{later}")
     return curves
 
 

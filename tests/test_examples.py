@@ -140,6 +140,18 @@ def test_stream_world_model_writes_finite_losses_and_plot(tmp_path):
     assert "trainer waited" in out
 
 
+def test_stream_world_model_refuses_what_it_cannot_run():
+    pytest.importorskip("ale_py")
+    assert "--env must be an Atari game (ALE/..." in refusal("stream_world_model.py", "--env", "CartPole-v1")
+    assert "--env ALE/NoSuchGame-v5" in refusal("stream_world_model.py", "--env", "ALE/NoSuchGame-v5")
+    assert "--seed must be" in refusal("stream_world_model.py", "--seed", str(2**64))
+    import stream_world_model
+
+    cfg = stream_world_model.Config(total_frames=5, runs_dir="/nonexistent-never-written")
+    assert "no episode of ALE/Breakout-v5 ended within --total-frames 5" in " ".join(refused(
+        lambda: stream_world_model.main(cfg)).split())
+
+
 @pytest.mark.distributed
 def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
     out = run_example("distributed_ppo.py", "--learners", "2", "--workers", "3", "--total-frames", "768",
