@@ -761,6 +761,17 @@ def test_scan_keeps_a_non_finite_input_on_its_side_of_a_reset(bad):
     torch.testing.assert_close(h, h_loop)
 
 
+def test_inputs_of_another_width_or_dtype_are_named_in_sequence_and_step_mode():
+    gru = nn.GRU(F, H, batch_first=True)
+    with pytest.raises(ValueError, match=f"x has {F + 2} features .* input_size is {F}"):
+        rnn_with_resets(gru, torch.randn(B, T, F + 2), random_flags())
+    module = ResetRNN(gru)
+    with pytest.raises(ValueError, match=f"x has {F + 2} features .* input_size is {F}"):
+        module.step(torch.randn(B, F + 2), None, torch.ones(B))
+    with pytest.raises(TypeError, match="x is torch.float64, the GRU's parameters torch.float32"):
+        module.step(torch.randn(B, F, dtype=torch.float64), None, torch.ones(B))
+
+
 def test_missing_input_keys_are_named():
     module = ResetRNN(nn.GRU(F, H, batch_first=True))
     x, is_first = torch.randn(B, T, F), random_flags()

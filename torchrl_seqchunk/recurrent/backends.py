@@ -285,13 +285,20 @@ def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> 
 
 
 
-def _check_dtypes(rnn: nn.Module, x, h0: tuple, reset_state) -> None:
-    """A TypeError where ``x``, ``h0`` or ``reset_state`` is not in the dtype of a torch RNN's
-    parameters (or, under autocast, its lower precision): the backends differ there (``fused``
-    casts, the native kernels refuse), so the same call would cast or fail depending on the
-    batch's size."""
+def _check_inputs(rnn: nn.Module, x, h0: tuple, reset_state) -> None:
+    """A ValueError where ``x``'s features are not a torch RNN's ``input_size`` (the kernels'
+    "mat1 and mat2" error named nothing), a TypeError where ``x``, ``h0`` or ``reset_state`` is
+    not in the dtype of its parameters (or, under autocast, its lower precision): the backends
+    differ there (``fused`` casts, the native kernels refuse), so the same call would cast or
+    fail depending on the batch's size."""
     if not isinstance(rnn, (nn.RNNBase, nn.RNNCellBase)):
         return
+    if x.shape[-1] != rnn.input_size:
+        raise ValueError(
+            f"x has {x.shape[-1]} features (its last dim), the {type(rnn).__name__}'s input_size is "
+            f"{rnn.input_size} (with ResetRNN: x is its in_key input); feed {rnn.input_size} features "
+            "or build the rnn with this input_size."
+        )
     dtype = next(rnn.parameters()).dtype
     device = x.device.type
     # under autocast, float32 too: autocast casts it (a lower-precision module fed float32)
@@ -338,7 +345,7 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 f"{[[batch, time, *shape] for shape in layout.shapes]}, got {given}; give a per-row state as "
                 "state.unsqueeze(1) ([B, 1, *S])."
             )
-    _check_dtypes(rnn, x, h0, reset_state)
+    _check_inputs(rnn, x, h0, reset_state)
     if backend == "auto":
         backend = _pick_backend(rnn, x.device, reset)
     if backend == "loop":

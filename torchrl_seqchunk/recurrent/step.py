@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-from .backends import _layer_steps
+from .backends import _check_inputs, _layer_steps
 from .state import _Layout, _reset_mask
 
 
@@ -89,6 +89,7 @@ def step_once(rnn: nn.Module, layout: _Layout, x: torch.Tensor, state: tuple) ->
     """One step of ``rnn`` from ``state`` (a tuple of ``[N, *S]``) on ``x`` ``[N, F]``:
     ``(y, new state)``, the native cell kernel of each layer, as the loop backend runs a
     step (so step mode and sequence mode agree to the bit)."""
+    _check_inputs(rnn, x, state, None)  # named, as sequence mode names them
     steps = _layer_steps(rnn, layout)
     if not isinstance(rnn, nn.RNNBase):  # a cell: its state is its output
         new = steps[0](x, state)
