@@ -144,6 +144,20 @@ def test_the_rnn_is_left_carrying_the_final_state_and_must_be_inside_the_network
         unroll_with_next(target, rnn, make_chunk())
 
 
+def test_flags_not_one_per_step_empty_observation_keys_and_a_carried_tensordict_are_named():
+    net, rnn = q_network()
+    td = make_chunk()
+    td["next", "done"] = torch.zeros(3, 9, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"done_key \('next', 'done'\) has shape \[3, 9, 2\]; it must be"):
+        unroll_with_next(net, rnn, td)
+    with pytest.raises(ValueError, match="observation_keys is empty"):
+        unroll_with_next(net, rnn, make_chunk(), observation_keys=[])
+    unroll_with_next(net, rnn, make_chunk())
+    for carried in (rnn.carried_state, rnn.carried_state["q_state"]):
+        with pytest.raises(TypeError, match="initial_state must be None or a tuple of"):
+            unroll_with_next(net, rnn, make_chunk(), carried)
+
+
 def test_is_first_at_the_first_step_ignores_the_initial_state():
     net, rnn = q_network()
     td = make_chunk()

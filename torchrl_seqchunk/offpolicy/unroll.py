@@ -120,8 +120,10 @@ def unroll_with_next(
 
     Raises:
         ValueError: ``rnn`` has no ``reset_state_key`` or is not in ``network``, ``tensordict`` is not ``[B, T]``,
-            a key is missing, or ``initial_state`` does not match the rnn's state.
-        TypeError: a done, terminated or truncated flag that is not ``torch.bool``.
+            a key is missing, a flag not one per step, ``observation_keys`` empty, or
+            ``initial_state`` does not match the rnn's state.
+        TypeError: a done, terminated or truncated flag that is not ``torch.bool``;
+            ``initial_state`` not a tuple of tensors (a carried TensorDict).
 
     .. note:: ``ResetRNN(initial_state="learned")`` is reset to zeros here.
 
@@ -166,6 +168,15 @@ def unroll_with_next(
     if observation_keys is None:
         observation_keys = [k for k in network.in_keys if unravel_key(k) not in own]
     observation_keys = [unravel_key(k) for k in observation_keys]
+    if not observation_keys:
+        raise ValueError("observation_keys is empty: name the network's inputs (e.g. ['observation']).")
+    if initial_state is not None and not (isinstance(initial_state, (tuple, list))
+                                          and all(isinstance(h, torch.Tensor) for h in initial_state)):
+        raise TypeError(
+            f"initial_state must be None or a tuple of [B, *S] tensors, one per rnn.state_keys entry "
+            f"{rnn.state_keys}, got {type(initial_state).__name__}; from a carried TensorDict td: "
+            "tuple(td.get(key) for key in rnn.state_keys)."
+        )
     batch, steps = tensordict.shape
     device = tensordict.device or tensordict.get(observation_keys[0]).device
 
@@ -175,11 +186,17 @@ def unroll_with_next(
             raise ValueError(f"key {key!r} is not in the tensordict; add it or pass its key.")
         return value
 
+    def per_step(arg, key, value):
+        if value.numel() != batch * steps:
+            raise ValueError(f"{arg} {key!r} has shape {list(value.shape)}; it must be [B, T, 1] or [B, T] "
+                             f"= {[batch, steps]}, one flag per step of the chunk.")
+        return value.reshape(batch, steps)
+
     def flag(arg, key, required=False):
         value = get(key) if required else tensordict.get(key, None)
-        return None if value is None else check_flag(arg, key, value).reshape(batch, steps)
+        return None if value is None else per_step(arg, key, check_flag(arg, key, value))
 
-    is_first = get(rnn.is_first_key).reshape(batch, steps).bool()
+    is_first = per_step("rnn.is_first_key", rnn.is_first_key, get(rnn.is_first_key)).bool()
     done = flag("done_key", done_key, required=True)
     terminated, _ = stops(done, flag("terminated_key", terminated_key), flag("truncated_key", truncated_key), None)
     starts = is_first.clone()
