@@ -318,9 +318,11 @@ def test_close_returns_in_bounded_time_when_the_source_blocks():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
-def test_a_cuda_device_without_cuda_is_named():
-    with pytest.raises(ValueError, match=r"device='cuda' but CUDA is not available"):
-        ChunkPrefetcher(counter(), device="cuda")
+@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="a device is here")
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_device_that_is_not_here_is_named_at_construction(device):
+    with pytest.raises(ValueError, match=rf"device='{device}' but {device.upper()} is not available"):
+        ChunkPrefetcher(counter(), device=device)
     assert not prefetch_threads()
 
 

@@ -132,7 +132,7 @@ class ChunkPrefetcher:
         TypeError: ``source`` neither callable nor iterable, or a generator function
             (pass the generator it returns); ``depth`` not an int; ``sampler`` not a
             :class:`~torchrl_seqchunk.StreamChunkSampler`.
-        ValueError: ``depth`` < 1; a CUDA ``device`` without CUDA; ``pin_memory=True``
+        ValueError: ``depth`` < 1; a ``device`` this process cannot use (CUDA or MPS absent); ``pin_memory=True``
             without an accelerator; a sampler another open prefetcher draws from.
 
     Examples:
@@ -184,11 +184,15 @@ class ChunkPrefetcher:
             )
         sampler = _sampler_of(source) if sampler is None else sampler
         self.device = None if device is None else torch.device(device)
-        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
-                f"device={device!r} but CUDA is not available here; pass device=None or 'cpu' "
-                "(or run where a CUDA device is)."
-            )
+        if self.device is not None and self.device.type != "cpu":
+            try:  # here, not at the first chunk: a device this process cannot use (mps, cuda:7)
+                torch.empty(0, device=self.device)
+            except (RuntimeError, AssertionError) as error:
+                raise ValueError(
+                    f"device={device!r} but {self.device.type.upper()} is not available here "
+                    f"({type(error).__name__}: {str(error)[:200]}); pass device=None or 'cpu' (or run where "
+                    "that device is)."
+                ) from None
         on_cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = on_cuda if pin_memory is None else bool(pin_memory)
         if self.pin_memory and not torch.accelerator.is_available():
