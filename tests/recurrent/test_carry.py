@@ -144,6 +144,15 @@ def test_carried_state_can_be_taken_and_restored():
         rnn.carried_state = torch.zeros(B, 1, H)
 
 
+def test_a_pass_over_no_row_keeps_the_carry():
+    rb = episodes_buffer(2)
+    net, rnn = q_network()
+    net(rb.sample())
+    saved = rnn.carried_state.clone()
+    net(rb.sample()[:0])  # B = 0 (e.g. a filtered batch left nothing)
+    torch.testing.assert_close(rnn.carried_state, saved)
+
+
 def test_a_plain_torchrl_collector_drives_a_reset_rnn_policy(recwarn):
     """Auto-registration adds InitTracker("is_init") and the primer; step mode reads is_init."""
     from torchrl.collectors import Collector

@@ -373,7 +373,8 @@ class ResetRNN(TensorDictModuleBase):
                     "with carry=False for transformed calls (the state then starts at "
                     "is_first, from the initial state or reset_state_key), or call it plainly."
                 )
-            self._carry = tuple(h.detach() for h in h_last)
+            if batch:  # a pass over no row (B = 0) leaves the streams' carry as it was
+                self._carry = tuple(h.detach() for h in h_last)
             mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, self._start_token_key, id(self))
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
