@@ -125,6 +125,16 @@ def test_the_next_views_flags_keep_their_shape_when_the_two_flags_differ_in_a_tr
     assert td["next", "is_first"].reshape(root.shape).equal(root | after)
 
 
+def test_a_later_pass_over_a_time_slice_is_refused_and_over_rows_starts_from_their_state():
+    rb = episodes_buffer(1)
+    net, rnn = q_network()
+    chunk = rb.sample()
+    whole = net(chunk)["action_value"].clone()
+    with pytest.raises(ValueError, match="time slice of a chunk .* from step 3"):
+        net(chunk[:, 3:])  # it started from the chunk's first state: values unlike whole[:, 3:]
+    torch.testing.assert_close(net(chunk[1:])["action_value"], whole[1:])
+
+
 def test_carried_state_can_be_taken_and_restored():
     rb = episodes_buffer(2)
     net, rnn = q_network()

@@ -523,7 +523,7 @@ def test_out_keys_list_exactly_what_each_mode_writes(kind, how):
     outputs, states = WRITTEN[kind]
     step = TensorDict({"embed": torch.randn(B, F), "is_first": torch.ones(B, 1, dtype=torch.bool)}, [B])
     # a carrying pass also marks the chunk: its start state, at the root and for the next view
-    marks = ["recurrent_state_start_by", *module.start_keys]
+    marks = ["recurrent_state_start_by", "recurrent_state_start_t", *module.start_keys]
     marks += [("next", *k) if isinstance(k, tuple) else ("next", k) for k in marks]
     marks += [("next", "is_first")]
     for td, sequence, expected in [

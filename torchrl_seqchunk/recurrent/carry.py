@@ -21,10 +21,12 @@ def start_key(state_key, suffix: str = "_start"):
     return (*key[:-1], f"{key[-1]}{suffix}")
 
 
-def view_start(rows: TensorDictBase, keys: list, token_key, token: int) -> tuple | None:
+def view_start(rows: TensorDictBase, keys: list, token_key, step_key, token: int) -> tuple | None:
     """The start state ``[B, *S]`` per entry of a chunk this module marked, or ``None``.
 
-    Raises ``ValueError`` for a chunk another module marked under the same keys.
+    Raises ``ValueError`` for a chunk another module marked under the same keys, or for a view
+    of a marked chunk that does not start at its first step (a time slice would start from the
+    chunk's first state).
     """
     owner = rows.get(token_key, None)
     if owner is None:
@@ -36,20 +38,30 @@ def view_start(rows: TensorDictBase, keys: list, token_key, token: int) -> tuple
             "deep-copied from the online one) would share their start state. Give each carrying "
             "ResetRNN its own state_key (e.g. state_key='target_state')."
         )
+    steps = rows.get(step_key, None)
+    if steps is not None and steps.numel() and bool((steps[:, 0] != 0).any()):
+        raise ValueError(
+            f"this pass runs over a time slice of a chunk a carrying ResetRNN already ran on, from "
+            f"step {int(steps[:, 0].max())}: it would start from the state the chunk started from, "
+            "not the state at that step. Run later passes over the whole chunk (or its ('next', ...) "
+            "view) and slice their outputs."
+        )
     return tuple(rows.get(key)[:, 0] for key in keys)
 
 
-def mark_chunk(tensordict: TensorDictBase, keys: list, h0: tuple, is_first_key, token_key, token: int) -> None:
-    """Write the start state under ``keys`` and ``token`` under ``token_key`` (root and ``"next"``),
-    and the next view's reset flags.
+def mark_chunk(tensordict: TensorDictBase, keys: list, h0: tuple, is_first_key, mark_keys: tuple, token: int) -> None:
+    """Write the start state under ``keys``, ``token`` and each step's place in the chunk under
+    ``mark_keys`` (root and ``"next"``), and the next view's reset flags.
 
     The start entries are expanded views ``[*batch, *S]`` (no copy). The next view's flags
     ``("next", is_first_key)`` become ``root | ("next", is_first_key)``, TorchRL's rule in its
     value estimators: the next observation ``t`` starts a memory where step ``t`` does.
     """
     shape = tensordict.shape
+    token_key, step_key = mark_keys
     owner = torch.full((), token, dtype=torch.int64, device=h0[0].device).expand(shape)
-    entries = [(token_key, owner)] + [
+    place = torch.arange(shape[-1], device=h0[0].device).expand(shape)
+    entries = [(token_key, owner), (step_key, place)] + [
         (key, h.reshape(*shape[:-1], 1, *h.shape[1:]).expand(*shape, *h.shape[1:]))
         for key, h in zip(keys, h0)
     ]

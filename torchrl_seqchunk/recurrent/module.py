@@ -44,10 +44,11 @@ class ResetRNN(TensorDictModuleBase):
 
     .. note:: With ``carry=True`` only the first sequence pass over a chunk carries. It
         marks the chunk: the state it started from under :attr:`start_keys` (root and
-        ``"next"``), and ``("next", is_first_key) |= is_first``. A later pass over the
-        chunk or its ``step_mdp`` view (a target or next-value pass, as in TorchRL's
-        ``DQNLoss``) starts from that state, resets where the chunk's episodes start and
-        leaves the carry alone. :attr:`carried_state` takes and restores the carry
+        ``"next"``, with each step's place in the chunk under ``state_key + "_start_t"``),
+        and ``("next", is_first_key) |= is_first``. A later pass over the chunk, its rows or
+        its ``step_mdp`` view (a target or next-value pass, as in TorchRL's ``DQNLoss``)
+        starts from that state, resets where the chunk's episodes start and leaves the carry
+        alone; one over a time slice (``chunk[:, k:]``) is refused with a ValueError. :attr:`carried_state` takes and restores the carry
         (``docs/howto/reset-rnn.md``).
 
     Args:
@@ -190,7 +191,8 @@ class ResetRNN(TensorDictModuleBase):
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
         self.start_keys = self._entry_keys(start_key(state_key), names)
         self._start_token_key = unravel_key(start_key(state_key, "_start_by"))
-        marks = [self._start_token_key, *self.start_keys]
+        self._start_step_key = unravel_key(start_key(state_key, "_start_t"))  # each step's place in the chunk
+        marks = [self._start_token_key, self._start_step_key, *self.start_keys]
         self.chunk_mark_keys = [  # what a carrying pass writes besides its output
             *marks, *(unravel_key(("next", k)) for k in marks),
             unravel_key(("next", self.is_first_key)),
@@ -346,7 +348,8 @@ class ResetRNN(TensorDictModuleBase):
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
-        start = view_start(rows, self.start_keys, self._start_token_key, id(self)) if self.carry else None
+        start = (view_start(rows, self.start_keys, self._start_token_key, self._start_step_key, id(self))
+                 if self.carry else None)
         if start is not None:  # a view of a chunk already carried: same start, no carry
             h0 = tuple(s.to(x.device, self._dtype) for s in start)
         elif self.carry and self._carry is not None:
@@ -375,7 +378,8 @@ class ResetRNN(TensorDictModuleBase):
                 )
             if batch:  # a pass over no row (B = 0) leaves the streams' carry as it was
                 self._carry = tuple(h.detach() for h in h_last)
-            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, self._start_token_key, id(self))
+            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, (self._start_token_key, self._start_step_key),
+                       id(self))
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
         return tensordict
