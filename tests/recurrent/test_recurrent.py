@@ -382,6 +382,10 @@ def test_bad_inputs_raise_clear_errors():
         rnn_with_resets(rssm, x, no_reset, h0, backend="packed")
     with pytest.raises(ValueError, match=r"state_shape must be .*dict of shapes"):
         ResetRNN(rssm, state_shape={"deter": "H"})
+    # a negative or bool size failed at the first call ("zeros: Dimension size must be non-negative")
+    for bad in [(-2,), ((3,), (-1,)), {"deter": (-1,)}, (True,)]:
+        with pytest.raises(ValueError, match=r"state_shape must be a shape like \(H,\) \(non-negative ints\)"):
+            ResetRNN(rssm, state_shape=bad)
 
 
 # --------------------------------------------------------------------------- ResetRNN

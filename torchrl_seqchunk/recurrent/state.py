@@ -102,11 +102,15 @@ def _state_layout(rnn: nn.Module, state_shape=None, name: str = "state_shape"):
     return None
 
 
+def _dims(value) -> bool:
+    """Whether ``value`` is a shape: a sequence of non-negative ints (not bools)."""
+    return isinstance(value, Sequence) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value)
+
+
 def _layout_from_shape(state_shape, name: str) -> _Layout:
     def as_shape(value):
-        if isinstance(value, Sequence) and all(isinstance(d, int) for d in value):
-            return torch.Size(value)
-        return None
+        return torch.Size(value) if _dims(value) else None
 
     if isinstance(state_shape, Mapping) and state_shape:
         shapes = [as_shape(v) for v in state_shape.values()]
@@ -114,13 +118,15 @@ def _layout_from_shape(state_shape, name: str) -> _Layout:
             return _Layout(shapes, "tensordict", [unravel_key(k) for k in state_shape])
     elif isinstance(state_shape, Sequence) and state_shape:
         if all(isinstance(d, int) for d in state_shape):
-            return _Layout([torch.Size(state_shape)], "tensor", None)
-        shapes = [as_shape(s) for s in state_shape]
-        if None not in shapes:
-            return _Layout(shapes, "tuple", [str(i) for i in range(len(shapes))])
+            if _dims(state_shape):
+                return _Layout([torch.Size(state_shape)], "tensor", None)
+        else:
+            shapes = [as_shape(s) for s in state_shape]
+            if None not in shapes:
+                return _Layout(shapes, "tuple", [str(i) for i in range(len(shapes))])
     raise ValueError(
-        f"{name} must be a shape like (H,), a tuple of shapes like ((H,), (Z,)) or a dict "
-        f"of shapes like {{'deter': (D,), 'stoch': (S,)}}, got {state_shape!r:.120}."
+        f"{name} must be a shape like (H,) (non-negative ints), a tuple of shapes like ((H,), (Z,)) "
+        f"or a dict of shapes like {{'deter': (D,), 'stoch': (S,)}}, got {state_shape!r:.120}."
     )
 
 
