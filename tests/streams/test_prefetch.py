@@ -477,3 +477,9 @@ def test_a_stream_state_from_before_rb_empty_keeps_no_step_of_the_old_data():
     rb.sampler.load_stream_state(state)
     chunk = rb.sample()
     assert chunk["obs"].tolist() == [[1000, 1001, 1002, 1003]] and chunk["is_first"][0, 0].item()
+
+
+def test_a_chunk_that_cannot_move_to_the_device_is_named():
+    with ChunkPrefetcher(lambda: (torch.zeros(2), torch.ones(2)), device="cpu") as prefetcher:
+        with pytest.raises(TypeError, match="the source returned a tuple; with device= or pin_memory"):
+            next(prefetcher)

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable, Iterable
 
 import torch
+from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from .._checks import check_int
@@ -75,6 +76,11 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
                 put(_DONE)
                 return
             state = None if sampler is None else sampler.stream_state()
+            if (pin_memory or device is not None) and not isinstance(chunk, (torch.Tensor, TensorDictBase)):
+                raise TypeError(
+                    f"the source returned a {type(chunk).__name__}; with device= or pin_memory a "
+                    "chunk must be a Tensor or a TensorDict (wrap the parts in one TensorDict)."
+                )
             if pin_memory:
                 chunk = chunk.pin_memory()
             if device is not None:
