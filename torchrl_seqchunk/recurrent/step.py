@@ -89,7 +89,10 @@ def step_once(rnn: nn.Module, layout: _Layout, x: torch.Tensor, state: tuple) ->
     """One step of ``rnn`` from ``state`` (a tuple of ``[N, *S]``) on ``x`` ``[N, F]``:
     ``(y, new state)``, the native cell kernel of each layer, as the loop backend runs a
     step (so step mode and sequence mode agree to the bit)."""
-    _check_inputs(rnn, x, state, None)  # named, as sequence mode names them
+    if isinstance(rnn, (nn.RNNBase, nn.RNNCellBase)):  # two comparisons a step; named where they fail
+        weight = rnn.weight_ih_l0 if isinstance(rnn, nn.RNNBase) else rnn.weight_ih
+        if x.shape[-1] != rnn.input_size or x.dtype != weight.dtype:
+            _check_inputs(rnn, x, state, None)  # raises, unless autocast takes the dtype
     steps = _layer_steps(rnn, layout)
     if not isinstance(rnn, nn.RNNBase):  # a cell: its state is its output
         new = steps[0](x, state)
