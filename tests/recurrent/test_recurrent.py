@@ -892,6 +892,22 @@ def test_auto_runs_under_torch_func_and_fused_names_the_fix(cls, resets):
         torch.autograd.grad(y, x, torch.randn(2, *y.shape), is_grads_batched=True)
 
 
+def test_the_scan_runs_an_ensemble_under_vmap():
+    # its check for non-finite inputs branches on data: under a transform (or a compile) it takes
+    # the containing rounds instead, each member's plain scan being the reference
+    torch.manual_seed(0)
+    x, is_first = torch.randn(B, T, F), random_flags()
+    members = [_WithResets(MinGRUCell(F, H), "scan") for _ in range(2)]
+    params = torch.func.stack_module_state(members)[0]
+    y = torch.func.vmap(lambda p: torch.func.functional_call(members[0], p, (x, is_first)))(params)
+    for k, member in enumerate(members):
+        torch.testing.assert_close(y[k], member(x, is_first))
+    ensemble = ResetRNN(MinGRUCell(F, H), carry=False, default_recurrent_mode=True)
+    ensemble_params = torch.func.stack_module_state([ensemble, ensemble])[0]
+    torch.func.vmap(lambda p: torch.func.functional_call(ensemble, p, (chunk(x, is_first),))["features"])(
+        ensemble_params)
+
+
 @pytest.mark.parametrize("backend", ["loop", "packed", "scan"])
 def test_empty_time_is_refused_and_empty_batch_runs(backend):
     rnn = MinGRUCell(F, H) if backend == "scan" else nn.LSTM(F, H, num_layers=2, batch_first=True)

@@ -224,8 +224,10 @@ def _scan(rnn, x, reset, h0, reset_value, *, layout):
     a, b = (layout.flatten(c, name) for c in rnn.linear_coefficients(x))  # [B, T, *S]
     values = [None] * len(h0) if reset_value is None else reset_value
     inputs = [*a, *b, *h0, *(reset_value or ())]
-    # a NaN or inf makes its sum non-finite (a float overflow of the sum only costs the dearer rounds)
-    contain = not bool(torch.isfinite(torch.stack([t.sum() for t in inputs])).all())  # one sync
+    if _under_func_transform() or torch.compiler.is_compiling():
+        contain = True  # no data-dependent branch there: the containing rounds, always right
+    else:  # a NaN or inf makes its sum non-finite (a float overflow of the sum only costs the dearer rounds)
+        contain = not bool(torch.isfinite(torch.stack([t.sum() for t in inputs])).all())  # one sync
     states = [_scan_entry(*entry, reset, contain) for entry in zip(a, b, h0, values)]
     return tuple(states[: layout.outputs]), tuple(h[:, -1] for h in states)
 
