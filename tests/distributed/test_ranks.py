@@ -5,6 +5,7 @@ import torch
 from spawn_ranks import spawn
 from torch import nn
 from toy import chunk_loss, episodes, make_buffer, make_model
+from waiting import wait_for  # tests/waiting.py
 
 from torchrl_seqchunk import ChunkPrefetcher, EvenEpochs, assign_workers, rank_seed
 
@@ -142,13 +143,27 @@ def test_an_epoch_left_early_is_drawn_off_before_the_next():
     done = (torch.arange(20) % 5 == 4).unsqueeze(-1)  # 4 episodes of 5 steps: 2 streams of 10, 3 chunks
     rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
     even = EvenEpochs(rb)
+
+    def whole_epoch():
+        epoch = list(even)
+        steps = torch.cat([chunk["obs"][chunk["collector", "mask"]] for chunk in epoch])
+        assert (len(epoch), even.own, sorted(steps.tolist())) == (3, 3, list(range(20)))
+
     for left_after in (1, 2, 3):
         for i, _ in enumerate(even):
             if i + 1 == left_after:
                 break
-        epoch = list(even)
-        steps = torch.cat([chunk["obs"][chunk["collector", "mask"]] for chunk in epoch])
-        assert (len(epoch), even.own, sorted(steps.tolist())) == (3, 3, list(range(20)))
+        whole_epoch()
+    for depth in (1, 2, 3):  # a prefetcher draws ahead, then puts the sampler back at the chunk it delivered
+        with ChunkPrefetcher(even, depth=depth) as prefetched:
+            next(prefetched)
+            wait_for(lambda: prefetched._queue.full() or not prefetched._thread.is_alive(), "the worker drawing ahead")
+        whole_epoch()
+    for _ in even:  # left early, then the buffer emptied and written anew: nothing of the old epoch to draw off
+        break
+    rb.empty()
+    rb.extend(TensorDict({"obs": torch.arange(20), ("next", "done"): done}, [20]))
+    whole_epoch()
 
 
 def test_assign_workers_round_robin_and_rank_seeds():

@@ -22,7 +22,10 @@ class EvenEpochs:
     others. Each iteration draws this rank's first chunk, reads the epoch's length from
     :attr:`~torchrl_seqchunk.StreamChunkSampler.remaining_batches`, takes the minimum over
     the ranks (one ``all_reduce(MIN)``) and yields that many chunks (``[B, T]``, as
-    ``buffer.sample()``); a longer epoch's rest is drawn and dropped with the last one.
+    ``buffer.sample()``); a longer epoch's rest is drawn and dropped with the last one. An
+    epoch left before its end (a ``break``, a prefetcher closed early, which puts the sampler
+    back at its last delivered chunk) is drawn off when the next iteration starts, so every
+    epoch deals every episode anew.
     :attr:`count` is the number agreed for the last epoch, :attr:`own` this rank's own.
 
     .. note:: The agreement runs on a gloo group made at construction (a collective:
@@ -87,7 +90,6 @@ class EvenEpochs:
         self.buffer, self.group = buffer, group
         self.count: int | None = None
         self.own: int | None = None
-        self._open = False  # an epoch begun and not drawn to its end
 
     def _agree(self, own: int) -> int:
         """The smallest ``own`` over the ranks of the group (``own`` alone without one)."""
@@ -97,13 +99,10 @@ class EvenEpochs:
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         sampler, failure = self.buffer.sampler, None
-        if self._open:  # the last epoch was left early: its rest is not this epoch's start
-            while not sampler.ran_out:
-                self.buffer.sample()
-        self._open = False
         try:
+            while sampler.remaining_batches:  # an epoch left early (also by a prefetcher put back)
+                self.buffer.sample()
             first = self.buffer.sample()
-            self._open = True
             own = sampler.remaining_batches + 1  # the chunk drawn and those left
         except Exception as error:  # e.g. no episode here: the others must not wait for us
             first, own, failure = None, 0, error
@@ -122,7 +121,6 @@ class EvenEpochs:
             if i == count - 1:  # drop the rest of a longer epoch: the next one is dealt anew
                 while not sampler.ran_out:
                     self.buffer.sample()
-                self._open = False
             yield chunk
 
     def __repr__(self) -> str:
