@@ -479,7 +479,15 @@ def test_a_stream_state_from_before_rb_empty_keeps_no_step_of_the_old_data():
     assert chunk["obs"].tolist() == [[1000, 1001, 1002, 1003]] and chunk["is_first"][0, 0].item()
 
 
-def test_a_chunk_that_cannot_move_to_the_device_is_named():
+def test_a_chunk_that_cannot_move_to_the_device_is_named_and_a_tensorclass_moves():
     with ChunkPrefetcher(lambda: (torch.zeros(2), torch.ones(2)), device="cpu") as prefetcher:
-        with pytest.raises(TypeError, match="the source returned a tuple; with device= or pin_memory"):
+        with pytest.raises(TypeError, match="the source returned a tuple, which has no to; with device="):
             next(prefetcher)
+    from tensordict import tensorclass
+
+    @tensorclass
+    class Chunk:
+        obs: torch.Tensor
+
+    with ChunkPrefetcher(lambda: Chunk(obs=torch.arange(3), batch_size=[3]), device="cpu") as prefetcher:
+        assert next(prefetcher).obs.tolist() == [0, 1, 2]

@@ -10,7 +10,6 @@ import weakref
 from collections.abc import Callable, Iterable
 
 import torch
-from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
 
 from .._checks import check_int
@@ -76,10 +75,12 @@ def _work(next_chunk, out: queue.Queue, stop: threading.Event, pin_memory, devic
                 put(_DONE)
                 return
             state = None if sampler is None else sampler.stream_state()
-            if (pin_memory or device is not None) and not isinstance(chunk, (torch.Tensor, TensorDictBase)):
+            moves = ("pin_memory",) * bool(pin_memory) + ("to",) * (device is not None)
+            if any(not callable(getattr(chunk, name, None)) for name in moves):
                 raise TypeError(
-                    f"the source returned a {type(chunk).__name__}; with device= or pin_memory a "
-                    "chunk must be a Tensor or a TensorDict (wrap the parts in one TensorDict)."
+                    f"the source returned a {type(chunk).__name__}, which has no {' or '.join(moves)}; with "
+                    "device= or pin_memory a chunk must be a Tensor, a TensorDict or a tensorclass (wrap "
+                    "the parts in one TensorDict)."
                 )
             if pin_memory:
                 chunk = chunk.pin_memory()
@@ -276,6 +277,8 @@ class ChunkPrefetcher:
                 returns. Defaults to ``5.0``.
         """
         self._stop.set()
+        if threading.current_thread() is self._thread:  # collected in its own worker (a reference
+            return  # cycle): the worker puts the sampler back as it ends, having seen the stop
         deadline = time.monotonic() + timeout
         while self._thread.is_alive() and time.monotonic() < deadline:
             try:  # unblocks a worker waiting to queue a chunk
