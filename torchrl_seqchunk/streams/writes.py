@@ -68,12 +68,11 @@ class _WriteLog:
             self.stamps = grown
 
     def rewritten_since(self, slots: torch.Tensor, clock: int) -> torch.Tensor:
-        """Bool mask of ``slots`` written again once the clock had read ``clock``, or emptied
-        since (no stamp: a queued slot always had one)."""
-        if slots.numel():
-            self._grow(int(slots.max()) + 1)
-        stamps = self.stamps[slots]
-        return (stamps >= clock) | (stamps == _UNSET)
+        """Bool mask of ``slots`` written again once the clock had read ``clock``: all of them
+        when ``clock`` is older than the log (the storage was emptied since)."""
+        if clock < self.start:
+            return torch.ones_like(slots, dtype=torch.bool)
+        return self.stamps[slots] >= clock
 
     # ------------------------------------------------------------------------- reading
     def put_back(self, slots: torch.Tensor, stamps: torch.Tensor, writes: torch.Tensor) -> None:
