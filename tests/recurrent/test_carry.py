@@ -130,8 +130,9 @@ def test_a_later_pass_over_a_time_slice_is_refused_and_over_rows_starts_from_the
     net, rnn = q_network()
     chunk = rb.sample()
     whole = net(chunk)["action_value"].clone()
-    with pytest.raises(ValueError, match="time slice of a chunk .* from step 3"):
-        net(chunk[:, 3:])  # it started from the chunk's first state: values unlike whole[:, 3:]
+    for view, first in ((chunk[:, 3:], "3, 4"), (chunk[:, ::2], "0, 2"), (chunk[:, 1::3], "1, 4")):
+        with pytest.raises(ValueError, match=rf"time slice of a chunk .* \(its steps \[{first}"):
+            net(view)  # it started from the chunk's first state: values unlike whole's steps
     torch.testing.assert_close(net(chunk[1:])["action_value"], whole[1:])
 
 

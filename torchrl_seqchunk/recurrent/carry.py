@@ -39,12 +39,12 @@ def view_start(rows: TensorDictBase, keys: list, token_key, step_key, token: int
             "ResetRNN its own state_key (e.g. state_key='target_state')."
         )
     steps = rows.get(step_key, None)
-    if steps is not None and steps.numel() and bool((steps[:, 0] != 0).any()):
+    if steps is not None and steps.numel() and bool((steps != torch.arange(steps.shape[1], device=steps.device)).any()):
         raise ValueError(
-            f"this pass runs over a time slice of a chunk a carrying ResetRNN already ran on, from "
-            f"step {int(steps[:, 0].max())}: it would start from the state the chunk started from, "
-            "not the state at that step. Run later passes over the whole chunk (or its ('next', ...) "
-            "view) and slice their outputs."
+            f"this pass runs over a time slice of a chunk a carrying ResetRNN already ran on (its "
+            f"steps {steps[0].tolist()[:8]} of the chunk, not 0, 1, 2, ...): it would start from the "
+            "state the chunk started from and step as if its steps followed each other. Run later "
+            "passes over the whole chunk (or its ('next', ...) view) and slice their outputs."
         )
     return tuple(rows.get(key)[:, 0] for key in keys)
 
