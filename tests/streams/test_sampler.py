@@ -656,8 +656,13 @@ def test_wrong_batch_size_and_state_mismatch():
                   {"traj_key": ("collector", "traj_ids")}, {"init_key": None}):
         with pytest.raises(ValueError, match=f"other settings .*{next(iter(other))}"):
             StreamChunkSampler(2, 3, **other).load_state_dict(state)
-    del state["settings"]
-    StreamChunkSampler(2, 3, replacement=False).load_state_dict(state)
+    # the stream state alone too (load_stream_state, a prefetcher's): its queues never end
+    with pytest.raises(ValueError, match="taken with replacement=True, this sampler has replacement=False"):
+        StreamChunkSampler(2, 3, replacement=False).load_stream_state(state["streams"])
+    del state["settings"], state["streams"]["replacement"]  # saved before either was kept: read from the state
+    with pytest.raises(ValueError, match="taken with replacement=True"):
+        StreamChunkSampler(2, 3, replacement=False).load_state_dict(state)
+    StreamChunkSampler(2, 3, only_complete=False).load_state_dict(state)
 
 
 def interleaved_collector_batches():

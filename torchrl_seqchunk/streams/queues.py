@@ -162,6 +162,7 @@ class _Streams:
             "segment_slots": torch.cat([seg.slots for _, seg in segments] or [_as_long([])]),
             "ran_out": self.ran_out,
             "remaining_batches": self.remaining_batches,
+            "replacement": self.replacement,
         }
 
     def check_state(self, state: dict) -> None:
@@ -171,6 +172,14 @@ class _Streams:
             raise ValueError(
                 f"not a StreamChunkSampler stream state: it lacks {missing}; pass what "
                 "stream_state() (or state_dict()['streams']) returned."
+            )
+        # a state saved before it said so: with replacement its epoch never ends
+        replacement = state.get("replacement", state["remaining_batches"] == torch.iinfo(torch.int64).max)
+        if bool(replacement) != self.replacement:
+            raise ValueError(
+                f"the stream state was taken with replacement={bool(replacement)}, this sampler has "
+                f"replacement={self.replacement}: its queues {'never end' if replacement else 'hold an epoch'}; "
+                "build the sampler with the saved replacement."
             )
         streams = state["segment_stream"]
         if streams.numel() and not 0 <= int(streams.min()) <= int(streams.max()) < len(self.queues):
