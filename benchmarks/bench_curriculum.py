@@ -49,7 +49,8 @@ TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0":
 FIELDS = ["env", "arm", "seed", "frames", "wall_s", "max_starting_point", "eval_return", "eval_success"]
 # not --options: the example's fields the benchmark sets itself (the arm, the run, its evaluation)
 SET_HERE = ("env", "seed", "total_frames", "eval_every", "eval_episodes", "runs_dir", "name", "overwrite",
-            "progress", "curriculum", "eval_sample", "stop_at_target")
+            "progress", "curriculum", "eval_sample", "stop_at_target",
+            "num_envs", "rollout_len")  # rollouts of 512 frames: the evaluations' interval, sb3's as ours
 
 
 def load_example():

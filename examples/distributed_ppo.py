@@ -158,7 +158,7 @@ def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch:
         return Collector(env_factory(), policy, frames_per_batch=frames_per_batch, total_frames=total_frames,
                          device=cfg.device, **collector_options)
     # a Ray worker draws its actions from its own process's generator: seeded per worker
-    env_factory = functools.partial(seeded, rank_seed(cfg.seed, worker, stream=1), env_factory)
+    env_factory = functools.partial(seeded, rank_seed(cfg.seed, worker, stream=2), env_factory)
     from torchrl.collectors.distributed import RayCollector
 
     # the worker starts from the weights pickled with the policy, then gets them from send_weights

@@ -27,6 +27,7 @@ def test_first_counts_a_miss_as_the_budget():
     (["--seeds", "1,1"], "--seeds"), (["--envs", "CartPole-v1"], "--envs"), (["--eval-episodes", "-2"], "--eval-episodes"),
     (["--options", "seed=3"], "--options 'seed=3'"), (["--options", "entropy_coeff=x"], "entropy_coeff takes a float"),
     (["--options", "entropy_coeff=-1"], "--entropy-coeff"),
+    (["--options", "num_envs=8"], "--options 'num_envs=8'"),  # the evaluation interval assumes 512-frame rollouts
 ])
 def test_bad_options_are_refused_before_any_output(tmp_path, capsys, argv, option):
     with pytest.raises(SystemExit) as exit_info:

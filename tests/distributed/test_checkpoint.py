@@ -305,6 +305,12 @@ def test_a_momentum_a_one_cycle_schedule_moved_is_restored_too(tmp_path, optimiz
     load_checkpoint(tmp_path, buffer=make_buffer(0), model=model2, optimizer=optim2)
     key = "betas" if optimizer is torch.optim.Adam else "momentum"
     assert optim2.param_groups[0][key] == optim.param_groups[0][key] != run()[1].param_groups[0][key]
+    if key == "betas":  # beta2 is not cycled: another one is still refused
+        other, _ = make_model()
+        cycled = torch.optim.Adam(other.parameters(), lr=1e-3, betas=(0.9, 0.99))
+        torch.optim.lr_scheduler.OneCycleLR(cycled, max_lr=1e-2, total_steps=100)
+        with pytest.raises(ValueError, match=r"group 0 betas: saved \(0.999,\), here \(0.99,\)"):
+            load_checkpoint(tmp_path, buffer=make_buffer(0), model=other, optimizer=cycled)
     # without a cycling scheduler a momentum of its own is still refused
     other, _ = make_model()
     with pytest.raises(ValueError, match=f"hyperparameters differ .*group 0 {key}"):

@@ -177,6 +177,12 @@ def test_bad_arguments():
                     call()
 
 
+def test_close_without_a_time_limit():
+    ingest = IngestThread([], buffer())
+    ingest.close(timeout=None)
+    assert not ingest._thread.is_alive()
+
+
 def test_an_empty_batch_is_counted_and_writes_nothing():
     empty = TensorDict({"obs": torch.zeros(0, 3, dtype=torch.long), ("next", "done"): torch.zeros(0, 3, 1, dtype=torch.bool)},
                        [0, 3])

@@ -95,8 +95,8 @@ def save_checkpoint(
             before anything is written, so a checkpoint already at ``path`` stays whole).
         ValueError: ``workers`` naming a rank outside ``[0, world_size)``; a ``buffer``
             never written to (TorchRL cannot save its storage yet); a ``prefetcher`` of
-            another sampler; ranks that pass different ``step`` or ``workers``, or see
-            different checkpoints at ``path`` (raised on every rank).
+            another sampler; ranks that pass different ``step`` or ``workers``, or whose
+            manifests at ``path`` name different data folders (raised on every rank).
         RuntimeError: on the other ranks when some rank failed (any of the errors above,
             or an ``OSError`` writing its files): it names the ranks that failed; the
             checkpoint at ``path`` is as it was.

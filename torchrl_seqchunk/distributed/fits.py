@@ -51,18 +51,21 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-# what a scheduler moves, restored from the checkpoint rather than compared: the learning rate,
-# and the momentum of a group whose scheduler cycles it (OneCycleLR, CyclicLR: base_momentum)
-_SCHEDULED, _CYCLED = {"params", "lr", "initial_lr"}, {"betas", "momentum"}
+# what a scheduler moves, restored from the checkpoint rather than compared: the learning rate
+_SCHEDULED = {"params", "lr", "initial_lr"}
 
 
 def _hyperparameter_differences(saved: list[dict], here: list[dict]) -> list[str]:
-    """The hyperparameters that differ, by group (not those a scheduler moves)."""
+    """The hyperparameters that differ, by group (not those a scheduler moves: the learning rate,
+    and in a group whose scheduler cycles the momentum (OneCycleLR, CyclicLR: ``base_momentum``)
+    ``momentum`` and the first of ``betas``)."""
     differences = []
     for i, (old, new) in enumerate(zip(saved, here)):
-        moved = _SCHEDULED | (_CYCLED if "base_momentum" in old and "base_momentum" in new else set())
-        for key in sorted((old.keys() | new.keys()) - moved):
+        cycled = "base_momentum" in old and "base_momentum" in new
+        for key in sorted((old.keys() | new.keys()) - _SCHEDULED - ({"momentum"} if cycled else set())):
             a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+            if cycled and key == "betas" and isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+                a, b = a[1:], b[1:]  # the cycled beta1 is restored, beta2 compared
             if not _equal(a, b):
                 differences.append(f"group {i} {key}: saved {a!r}, here {b!r}")
     return differences
@@ -106,7 +109,8 @@ def _storage_of(buffer: ReplayBuffer) -> dict[str, Any]:
 
 def _check_agreement(step: int, workers, folder: str) -> None:
     """Raises on every rank when the ranks' ``step``, ``workers`` or data folder differ (a
-    folder differs where the ranks do not share the checkpoint's filesystem)."""
+    folder differs where ranks on separate filesystems read different manifests; ranks whose
+    manifests agree, as on a first save, pass)."""
     if not dist.is_initialized():
         return
     mine = [step, zlib.crc32(json.dumps(workers).encode()), zlib.crc32(folder.encode())]

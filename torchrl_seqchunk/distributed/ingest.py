@@ -241,16 +241,16 @@ class IngestThread:
         exception if it failed and none of :meth:`wait` / :meth:`check` did.
 
         Args:
-            timeout (float): seconds to wait for the thread (a collector batch in flight).
-                Past it, ``close`` returns with a warning and leaves the daemon thread to
-                end after that batch (unwritten). Defaults to ``10.0``.
+            timeout (float, optional): seconds to wait for the thread (a collector batch in
+                flight), ``None`` without limit. Past it, ``close`` returns with a warning and
+                leaves the daemon thread to end after that batch (unwritten). Defaults to ``10.0``.
 
         Raises:
             Exception: the thread's exception, if it failed and no earlier call raised it.
-            TypeError, ValueError: ``timeout`` not a finite number of seconds in
-                ``[0, threading.TIMEOUT_MAX]``.
+            TypeError, ValueError: ``timeout`` neither None nor a finite number of seconds
+                in ``[0, threading.TIMEOUT_MAX]``.
         """
-        timeout = _seconds("timeout", timeout)
+        timeout = None if timeout is None else _seconds("timeout", timeout)
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
