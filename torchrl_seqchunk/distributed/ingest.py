@@ -137,14 +137,14 @@ class IngestThread:
                             "batch, also from a transform that edits it in place."
                         )
                 mask = batch.get(_MASK, default=None)
-                if not batch.batch_size.numel():  # an empty batch writes nothing (TensorDict's
-                    steps = batch                   # numel() is 1 for it, and reshape(-1) fails)
-                else:
+                written = 0  # an empty batch writes nothing (TensorDict's reshape(-1) fails on it)
+                if batch.batch_size.numel():
                     steps = batch.reshape(-1) if mask is None else batch[mask.bool()]
                     self.buffer.extend(steps)
+                    written = steps.batch_size.numel()  # TensorDict's numel() is 1 for no step
                 with self._changed:
                     self.batches += 1
-                    self.frames += steps.batch_size.numel()
+                    self.frames += written
                     self._changed.notify_all()
         except BaseException as error:  # handed to the learner
             self._error = error
