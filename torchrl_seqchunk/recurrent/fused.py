@@ -103,6 +103,20 @@ def _own(tensor):
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
+def _sigmoid_grad(a, s, out=None):
+    """``a * s * (1 - s)`` (``a`` times the sigmoid's slope at its output ``s``) in one pass."""
+    if out is None:
+        return torch.ops.aten.sigmoid_backward(a, s)
+    return torch.ops.aten.sigmoid_backward.grad_input(a, s, grad_input=out)
+
+
+def _tanh_grad(a, t, out=None):
+    """``a * (1 - t * t)`` (``a`` times the tanh's slope at its output ``t``) in one pass."""
+    if out is None:
+        return torch.ops.aten.tanh_backward(a, t)
+    return torch.ops.aten.tanh_backward.grad_input(a, t, grad_input=out)
+
+
 def _zero_if_none(grad, like):
     return torch.zeros_like(like) if grad is None else grad
 
@@ -210,9 +224,14 @@ class _GRULayer(torch.autograd.Function):
                                    ctx.needs_input_grad, (dy, dh_last))
         time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
-        # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n)
-        k_n = (1 - z) * (1 - n * n)
-        k_gh = torch.stack([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -2)  # [T, B, 3, H]
+        # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n), each formed in
+        # one pass by torch's fused derivative kernels: sigmoid_backward(a, s) = a s (1 - s),
+        # tanh_backward(a, t) = a (1 - t^2)
+        k_n = _tanh_grad(1 - z, n)
+        k_gh = hp.new_empty(time, batch, 3, size)  # [T, B, 3, H]
+        _sigmoid_grad(k_n * gh_n, r, out=k_gh[:, :, 0])
+        _sigmoid_grad(hp - n, z, out=k_gh[:, :, 1])
+        torch.mul(k_n, r, out=k_gh[:, :, 2])
         d_gh = torch.empty_like(k_gh)
         dy = _zero_if_none(dy, hp.transpose(0, 1)).transpose(0, 1)  # [T, B, H]
         dh = _zero_if_none(dh_last, hp[0]) + dy[-1]
@@ -295,13 +314,13 @@ class _LSTMLayer(torch.autograd.Function):
                                    ctx.needs_input_grad, (dy, dh_last, dc_last))
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
-        slope = sig - sig * sig  # sigmoid'(a) = s (1 - s), for i, f and o (the g slot unread)
-        k_h = (1 - tanh_c * tanh_c).mul_(o)  # dc_t += dh_t * k_h
-        k_c = torch.empty_like(sig[..., : 3 * size]).view(time, batch, 3, size)  # d(i, f, g) = dc_t * k_c
-        torch.mul(g, slope[..., :size], out=k_c[:, :, 0])
-        torch.mul(cp, slope[..., size: 2 * size], out=k_c[:, :, 1])
-        torch.mul(1 - g * g, i, out=k_c[:, :, 2])
-        k_o = tanh_c * slope[..., 3 * size:]  # d o = dh_t * k_o
+        # each factor in one pass by torch's fused derivative kernels (see the GRU layer)
+        k_h = _tanh_grad(o, tanh_c)  # dc_t += dh_t * k_h
+        k_c = hp.new_empty(time, batch, 3, size)  # d(i, f, g) = dc_t * k_c
+        _sigmoid_grad(g, i, out=k_c[:, :, 0])
+        _sigmoid_grad(cp, f, out=k_c[:, :, 1])
+        _tanh_grad(i, g, out=k_c[:, :, 2])
+        k_o = _sigmoid_grad(tanh_c, o)  # d o = dh_t * k_o
         d_gates = torch.empty_like(sig).view(time, batch, 4, size)  # [T, B, gates i f g o, H]
         dy = _zero_if_none(dy, hp.transpose(0, 1)).transpose(0, 1)  # [T, B, H]
         dh = _zero_if_none(dh_last, hp[0]) + dy[-1]
