@@ -1006,6 +1006,28 @@ def test_fused_matches_loop_without_bias_and_with_dropout(cell):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("frozen", [None, "bias_ih_l0", "bias_hh_l0"])
+def test_fused_lstm_bias_gradients_are_separate_tensors(frozen):
+    """The LSTM's two biases get the same gradient, summed once: each its own tensor (a gradient
+    clip scaling one in place must not scale the other), and right when either bias is frozen."""
+    rnn = nn.LSTM(F, H, batch_first=True)
+    if frozen:
+        getattr(rnn, frozen).requires_grad_(False)
+    x, is_first = torch.randn(B, T, F), random_flags()
+    expected = {}
+    for backend in ("loop", "fused"):
+        rnn.zero_grad()
+        y, h_last = rnn_with_resets(rnn, x, is_first, backend=backend)
+        loss_of(y, h_last).backward()
+        expected[backend] = {name: p.grad.clone() for name, p in rnn.named_parameters() if p.grad is not None}
+    assert expected["fused"].keys() == expected["loop"].keys()
+    for name, grad in expected["fused"].items():
+        torch.testing.assert_close(grad, expected["loop"][name], atol=1e-5, rtol=0)
+    if frozen is None:
+        rnn.bias_ih_l0.grad.mul_(0.5)
+        torch.testing.assert_close(rnn.bias_hh_l0.grad, expected["fused"]["bias_hh_l0"], atol=0, rtol=0)
+
+
 def test_fused_lstm_resets_clear_non_finite_states():
     """A reset to zeros replaces a NaN or inf state (as the loop backend does), also inside
     the chunk."""
