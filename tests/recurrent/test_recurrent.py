@@ -821,6 +821,19 @@ def test_step_mode_reads_is_init_then_is_first_and_refuses_missing_flags():
     assert (module(both)["recurrent_state"][0] == 0).all()  # is_init wins
 
 
+def test_sequence_mode_on_a_collector_step_names_step_mode():
+    """A module built with default_recurrent_mode=True, acting in a collector: the env batch
+    [N] without sequence flags is named as a step the module should run in step mode."""
+    module = ResetRNN(nn.GRUCell(F, H), default_recurrent_mode=True)
+    step = TensorDict({"embed": torch.randn(3, F), "is_init": torch.ones(3, 1, dtype=torch.bool),
+                       "recurrent_state": torch.zeros(3, H)}, [3])
+    with pytest.raises(ValueError, match=r"one sequence of 3 steps.*step mode.*default_recurrent_mode unset"):
+        module(step)
+    chunk = TensorDict({"embed": torch.randn(2, 3, F)}, [2, 3])  # [B, T] without flags: the key named
+    with pytest.raises(ValueError, match=r"key 'is_first' not found.*is_first_key="):
+        module(chunk)
+
+
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's vmap of gru_cell
 def test_carry_refuses_a_transformed_state_and_carry_off_runs_under_vmap():
     import copy

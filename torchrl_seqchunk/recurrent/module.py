@@ -67,7 +67,8 @@ class ResetRNN(TensorDictModuleBase):
             ``[*batch, 1]``, any dtype, non-zero resets, as the chunk and window makers
             write them. Default ``"is_first"``.
         init_key (NestedKey): step-mode reset flags, as TorchRL's ``InitTracker``
-            writes them (the collector adds one itself); where absent, step mode reads
+            writes them (in the env; TorchRL's ``Collector`` appends one itself only with
+            ``auto_register_policy_transforms=True``); where absent, step mode reads
             ``is_first_key``. Default ``"is_init"``.
         state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
         reset_state_key (NestedKey, optional): sequence mode only: stored memory
@@ -345,6 +346,15 @@ class ResetRNN(TensorDictModuleBase):
         rows = tensordict.reshape(shape[:-1].numel(), shape[-1])  # also for 0 rows or steps
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
+        if len(shape) == 1 and rows.get(self.is_first_key, None) is None:
+            raise ValueError(
+                f"ResetRNN in sequence mode reads a batch {list(shape)} as one sequence of {shape[0]} "
+                f"steps, and it holds no reset flags {self.is_first_key!r}. If a collector is acting "
+                "(one step of each env), the module must run in step mode: leave "
+                "default_recurrent_mode unset (TorchRL's losses enter sequence mode themselves) or act "
+                "under torchrl.modules.set_recurrent_mode(False). Otherwise pass is_first_key= naming "
+                "the flags the data holds."
+            )
         is_first = self._get(rows, self.is_first_key, "is_first_key")
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
