@@ -832,6 +832,11 @@ def test_sequence_mode_on_a_collector_step_names_step_mode():
     chunk = TensorDict({"embed": torch.randn(2, 3, F)}, [2, 3])  # [B, T] without flags: the key named
     with pytest.raises(ValueError, match=r"key 'is_first' not found.*is_first_key="):
         module(chunk)
+    flags = torch.zeros(2, 3, 1, dtype=torch.bool)
+    module(chunk.clone().update({"is_first": flags}))  # two streams carried
+    flat = TensorDict({"embed": torch.randn(6, F), "is_first": torch.zeros(6, 1, dtype=torch.bool)}, [6])
+    with pytest.raises(ValueError, match=r"2 rows but the input has 1 \(.*reshape a flat \[B \* T\] sample"):
+        module(flat)  # a chunk flattened: one sequence of 6 steps
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's vmap of gru_cell

@@ -366,9 +366,11 @@ class ResetRNN(TensorDictModuleBase):
             if self._carry[0].shape[0] == batch:
                 h0 = tuple(c.to(x.device, self._dtype) for c in self._carry)
             elif not bool(reset[:, :1].all()):  # T = 0 is refused by _unroll
+                flat = (" (a batch of one dim is one sequence: reshape a flat [B * T] sample to [B, T])"
+                        if len(shape) == 1 else "")
                 raise ValueError(
                     f"the carried state holds {self._carry[0].shape[0]} rows but the input has "
-                    f"{batch} and not every row starts with is_first; call reset_carry() when "
+                    f"{batch}{flat} and not every row starts with is_first; call reset_carry() when "
                     "the number of streams changes."
                 )
         if self.reset_state_keys is not None:
