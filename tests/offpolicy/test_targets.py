@@ -125,3 +125,7 @@ def test_bad_inputs_are_named():
         boundary_nstep_targets(td, gamma=0.5)
     with pytest.raises(TypeError, match="TensorDict"):
         boundary_nstep_targets({"a": 1}, gamma=0.5)
+    integer = chunk([1.0], [1.0])
+    integer["next", "state_value"] = integer["next", "state_value"].long()
+    with pytest.raises(TypeError, match="next_value_key=.* has dtype torch.int64"):
+        boundary_nstep_targets(integer, gamma=0.5)

@@ -261,6 +261,13 @@ def test_bad_input():
         boundary_gae(good[0, 0], gamma=0.9, lmbda=0.9)
     with pytest.raises(TypeError, match="tensordict must be a TensorDict"):
         boundary_gae({"state_value": torch.ones(2, 1)}, gamma=0.9, lmbda=0.9)
+    # integer values: the rewards cast to their dtype would be truncated (0.5 -> 0)
+    for key, arg in (("state_value", "value_key"), (("next", "state_value"), "next_value_key"),
+                     (("next", "reward"), "reward_key")):
+        integer = good.clone()
+        integer[key] = integer[key].long()
+        with pytest.raises(TypeError, match=rf"{arg}=.* has dtype torch.int64; values and rewards must be floating"):
+            boundary_gae(integer, gamma=0.9, lmbda=0.9)
 
 
 

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -341,6 +342,13 @@ def test_bad_input():
     float_flags["is_first"] = float_flags["is_first"].float()
     with pytest.raises(TypeError, match="is_first_key='is_first' has dtype torch.float32"):
         loss(float_flags)
+    # advantages and value targets [N, W] (no trailing singleton): ClipPPOLoss would broadcast
+    # them against its [N, W, 1] terms (a deep error, or an outer product where N == W)
+    for name in ("advantage", "value_target"):
+        flat = windows.clone()
+        flat[name] = flat[name].squeeze(-1)
+        with pytest.raises(ValueError, match=rf"{name}_key='{name}' has shape \(5, 4\), expected \(5, 4, 1\)"):
+            loss(flat)
 
 
 @pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
@@ -394,6 +402,8 @@ def test_slot_weights_refuses_bad_input():
         slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3), "masked")
     with pytest.raises(ValueError, match=r"\[N, W\]"):
         slot_weights(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 4), "mask")
+    with pytest.raises(TypeError, match="is_first must be a torch.Tensor.*ndarray"):
+        slot_weights(np.ones((2, 3), dtype=bool), torch.ones(2, 3), "mask")
 
 
 def test_in_keys_have_a_fixed_order():
@@ -404,10 +414,23 @@ def test_in_keys_have_a_fixed_order():
         "is_init", ("next", "actor_state"), ("next", "done"), ("next", "is_first"),
         ("next", "is_init"), ("next", "obs"), ("next", "reward"), ("next", "terminated"), "obs",
     ]
-    loss.set_keys(is_first="is_init")
-    assert "is_init" in loss.in_keys and loss.in_keys == sorted(
+    loss.set_keys(count_weight="a_weight")
+    assert "a_weight" in loss.in_keys and loss.in_keys == sorted(
         loss.in_keys, key=lambda key: (key,) if isinstance(key, str) else key
     )
+
+
+def test_set_keys_checks_a_new_is_first_key_against_the_networks_as_the_constructor_does():
+    """set_keys(is_first=...) with a key the ResetRNNs do not read: windows starting mid-episode
+    would start from zeros, not from the stored memory; refused as the constructor refuses it."""
+    actor, critic, _, _ = make_agent("ResetRNN")
+    with pytest.raises(ValueError, match=r"reads is_first_key='is_first' but the windows .*'window_reset'"):
+        RecurrentPPOLoss(actor, critic, is_first_key="window_reset")
+    loss = RecurrentPPOLoss(actor, critic)
+    with pytest.raises(ValueError, match=r"reads is_first_key='is_first' but the windows .*'window_reset'"):
+        loss.set_keys(is_first="window_reset")
+    assert loss.tensor_keys.is_first == "is_first"  # refused before anything changed
+    loss.set_keys(is_first="is_first", count_weight="a_weight")  # the networks' own key passes
 
 
 def test_overrides_no_private_torchrl_method():

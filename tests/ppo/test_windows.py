@@ -135,6 +135,12 @@ def test_bad_input():
         make_windows({"step": torch.zeros(1, 3)}, 2)
 
 
+def test_a_rollout_of_no_env_gives_no_window():
+    windows = make_windows(rollout_from_episodes([[3, 4]])[:0], 2)
+    assert windows.batch_size == (0, 2)
+    assert windows["is_first"].shape == windows["count_weight"].shape == (0, 2, 1)
+
+
 
 def test_collector_rollout_flags_and_stored_memory():
     from tensordict.nn import TensorDictModule, TensorDictSequential

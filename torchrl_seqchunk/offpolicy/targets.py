@@ -74,8 +74,8 @@ def boundary_nstep_targets(
         The same ``tensordict``, updated in place.
 
     Raises:
-        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, or ``gamma`` /
-            ``n_steps`` has the wrong type.
+        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, a value or the
+            reward is not floating, or ``gamma`` / ``n_steps`` has the wrong type.
         ValueError: no batch dim or ``T = 0``, ``gamma`` outside ``[0, 1]``,
             ``n_steps < 1``, a required key missing, or an entry not ``[*B, T, 1]``.
 

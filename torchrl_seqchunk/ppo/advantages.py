@@ -109,8 +109,8 @@ def boundary_gae(
         The same ``tensordict``, updated in place.
 
     Raises:
-        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, or
-            ``gamma``/``lmbda`` is not a real number.
+        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, a value or
+            the reward is not floating, or ``gamma``/``lmbda`` is not a real number.
         ValueError: no batch dimension or an empty time dimension (``T = 0``),
             ``gamma``/``lmbda`` outside ``[0, 1]``, a required key missing, or an entry
             not shaped ``[*B, T, 1]``.

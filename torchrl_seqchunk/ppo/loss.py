@@ -17,8 +17,15 @@ from ..recurrent.module import ResetRNN
 BOUNDARY_MODES = ("reset_continue", "mask", "inverse_count")
 
 
+def _check_window_rnns(is_first_key: NestedKey, actor_network, critic_network) -> None:
+    """Every ResetRNN of a window loss's networks must restart from the stored memory on the loss's flag."""
+    for role, network in (("actor_network", actor_network), ("critic_network", critic_network)):
+        for module in network.modules() if network is not None else ():
+            if isinstance(module, ResetRNN):
+                _check_window_rnn(role, module, is_first_key)
+
+
 def _check_window_rnn(role: str, rnn: ResetRNN, is_first_key: NestedKey) -> None:
-    """A ResetRNN in a window loss must restart from the stored memory on the loss's flag."""
     if rnn.reset_state_keys is None:
         raise ValueError(
             f"a ResetRNN in {role} has reset_state_key=None, so every window would start from "
@@ -72,6 +79,7 @@ def slot_weights(is_first: torch.Tensor, count_weight: torch.Tensor, boundary_mo
     Raises:
         ValueError: ``boundary_mode`` not one of :data:`BOUNDARY_MODES`; ``is_first`` and
             ``count_weight`` of different shapes, or not ``[N, W]``.
+        TypeError: ``is_first`` or ``count_weight`` not a tensor.
 
     Examples:
         >>> import torch
@@ -82,6 +90,10 @@ def slot_weights(is_first: torch.Tensor, count_weight: torch.Tensor, boundary_mo
     """
     if boundary_mode not in BOUNDARY_MODES:
         raise ValueError(f"boundary_mode must be one of {BOUNDARY_MODES}, got {boundary_mode!r}.")
+    for name, value in (("is_first", is_first), ("count_weight", count_weight)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor [N, W], got {type(value).__name__}; "
+                            "convert with torch.as_tensor.")
     if is_first.dim() == 3 and is_first.shape[-1] == 1:
         is_first = is_first.squeeze(-1)
     if count_weight.dim() == 3 and count_weight.shape[-1] == 1:
@@ -195,9 +207,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         ValueError: unknown ``boundary_mode``, or a :class:`~torchrl_seqchunk.ResetRNN`
             in the actor or critic with a learned initial state (it would get no gradient),
             without ``reset_state_key`` or reading another
-            ``is_first_key`` (at construction); input that is not
+            ``is_first_key`` (at construction, and in ``set_keys(is_first=...)``); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
-            entries of the wrong shape, or a window whose slot 0 is not a reset
+            entries of the wrong shape (the advantage and value target ``[N, W, 1]``), or a window whose slot 0 is not a reset
             slot (at call time).
         TypeError: a reset flag that is not bool (at call time).
 
@@ -258,13 +270,16 @@ class RecurrentPPOLoss(ClipPPOLoss):
             raise ValueError(
                 f"boundary_mode must be one of {BOUNDARY_MODES}, got {boundary_mode!r}."
             )
-        for role, network in (("actor_network", actor_network), ("critic_network", critic_network)):
-            for module in network.modules() if network is not None else ():
-                if isinstance(module, ResetRNN):
-                    _check_window_rnn(role, module, unravel_key(is_first_key))
+        _check_window_rnns(unravel_key(is_first_key), actor_network, critic_network)
         super().__init__(actor_network, critic_network, **kwargs)
         self.boundary_mode = boundary_mode
         self.set_keys(is_first=is_first_key, count_weight=count_weight_key)
+
+    def set_keys(self, **kwargs) -> None:
+        """ClipPPOLoss's ``set_keys``; a new ``is_first`` checked as ``is_first_key`` is (ValueError)."""
+        if "is_first" in kwargs and hasattr(self, "actor_network"):
+            _check_window_rnns(unravel_key(kwargs["is_first"]), self.actor_network, getattr(self, "critic_network", None))
+        super().set_keys(**kwargs)
 
     @property
     def in_keys(self):
@@ -309,9 +324,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 mask = value if mask is None else mask & value
         return mask
 
-    def _window_entry(self, tensordict: TensorDictBase, name: str) -> torch.Tensor:
+    def _window_entry(self, tensordict: TensorDictBase, name: str, *, trailing=((), (1,)),
+                      required: bool = True) -> torch.Tensor | None:
+        """``tensordict[<name>_key]`` as ``[N, W]``; ``trailing``: the dims allowed after ``[N, W]``."""
         key = getattr(self.tensor_keys, name)
         value = tensordict.get(key, None)
+        if value is None and not required:
+            return None
         if value is None:
             fix = (
                 "run boundary_gae on the rollout before make_windows"
@@ -319,7 +338,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 else "build the windows with make_windows"
             )
             raise ValueError(f"{name}_key={key!r} is not in the windows; {fix}.")
-        if value.shape[:2] != tensordict.batch_size or value.shape[2:] not in ((), (1,)):
+        if value.shape[:2] != tensordict.batch_size or value.shape[2:] not in trailing:
             raise ValueError(
                 f"{name}_key={key!r} has shape {tuple(value.shape)}, expected "
                 f"{(*tensordict.batch_size, 1)}."
@@ -333,7 +352,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 f"tensordict has batch_size={tuple(tensordict.batch_size)}; RecurrentPPOLoss "
                 "expects windows [N, W] (time last), e.g. from make_windows."
             )
-        self._window_entry(tensordict, "advantage")
+        # ClipPPOLoss reads the batch from the advantage's shape and compares values [N, W, 1]
+        self._window_entry(tensordict, "advantage", trailing=((1,),))
+        self._window_entry(tensordict, "value_target", trailing=((1,),), required=False)
         is_first = self._window_entry(tensordict, "is_first")
         if is_first.dtype != torch.bool:
             raise TypeError(

@@ -157,7 +157,7 @@ def make_windows(
     device = ended.device
     starts = torch.arange(0, steps - window + 1, stride, device=device)
     index = starts[:, None] + torch.arange(window, device=device)  # [S, W]
-    windows = rollout[:, index].reshape(-1, window)  # [E * S, W]
+    windows = rollout[:, index].reshape(num_envs * len(starts), window)  # [E * S, W], E = 0 too
 
     slot_reset = reset[:, index]  # [E, S, W, 1]
     slot_reset[:, :, 0] = True
@@ -165,6 +165,6 @@ def make_windows(
         0, index.reshape(-1), torch.ones(index.numel(), device=device)
     )
     count_weight = (1.0 / counts[index]).expand(num_envs, *index.shape)
-    windows.set(is_first_key, slot_reset.reshape(-1, window, 1))
-    windows.set(count_weight_key, count_weight.reshape(-1, window, 1))
+    windows.set(is_first_key, slot_reset.reshape(windows.shape[0], window, 1))
+    windows.set(count_weight_key, count_weight.reshape(windows.shape[0], window, 1))
     return windows
