@@ -226,14 +226,11 @@ class _GRULayer(torch.autograd.Function):
                                    ctx.needs_input_grad, (dy, dh_last))
         time, batch, size = hp.shape
         r, z = rz[..., :size], rz[..., size:]
-        # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n), each formed in
-        # one pass by torch's fused derivative kernels: sigmoid_backward(a, s) = a s (1 - s),
-        # tanh_backward(a, t) = a (1 - t^2)
-        k_n = _tanh_grad(1 - z, n)
-        k_gh = hp.new_empty(time, batch, 3, size)  # [T, B, 3, H]
-        _sigmoid_grad(k_n * gh_n, r, out=k_gh[:, :, 0])
-        _sigmoid_grad(hp - n, z, out=k_gh[:, :, 1])
-        torch.mul(k_n, r, out=k_gh[:, :, 2])
+        # dh_t times these is the gradient on each pre-activation of W_hh h (r, z, n) (at the main
+        # job's sizes the LSTM layer's one-pass kernels gain nothing here, and would change its runs'
+        # rounding)
+        k_n = (1 - z) * (1 - n * n)
+        k_gh = torch.stack([k_n * gh_n * r * (1 - r), (hp - n) * z * (1 - z), k_n * r], -2)  # [T, B, 3, H]
         d_gh = torch.empty_like(k_gh)
         dy = _zero_if_none(dy, hp.transpose(0, 1)).transpose(0, 1)  # [T, B, H]
         dh = _zero_if_none(dh_last, hp[0]) + dy[-1]
@@ -316,7 +313,8 @@ class _LSTMLayer(torch.autograd.Function):
                                    ctx.needs_input_grad, (dy, dh_last, dc_last))
         time, batch, size = hp.shape
         i, f, _, o = sig.view(*sig.shape[:-1], 4, size).unbind(-2)
-        # each factor in one pass by torch's fused derivative kernels (see the GRU layer)
+        # each factor in one pass by torch's fused derivative kernels: sigmoid_backward(a, s) =
+        # a s (1 - s), tanh_backward(a, t) = a (1 - t^2)
         k_h = _tanh_grad(o, tanh_c)  # dc_t += dh_t * k_h
         k_c = hp.new_empty(time, batch, 3, size)  # d(i, f, g) = dc_t * k_c
         _sigmoid_grad(g, i, out=k_c[:, :, 0])
