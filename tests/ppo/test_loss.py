@@ -284,6 +284,27 @@ def test_torchrl_options_still_work():
     assert {"is_first", "count_weight"} <= set(loss.in_keys)
 
 
+
+def test_normalize_advantage_standardizes_over_the_slots_that_train():
+    """normalize_advantage in mask mode: the advantage standardized by hand over the trained
+    slots alone (as sb3-contrib's RecurrentPPO leaves out its padding), then the same loss
+    without normalization; the slots dropped after a reset take no part in the statistics."""
+    mode = "mask"
+    actor, critic, _, _ = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]], seed=3), 4, memory_key=MEMORY)
+    windows["advantage"] = windows["advantage"] * 3.0 + 1.0
+    trained = slot_weights(windows["is_first"], windows["count_weight"], mode) > 0
+    assert not trained.all()
+    adv = windows["advantage"].squeeze(-1)
+    loc = adv[trained].mean()
+    by_hand = windows.clone()
+    by_hand["advantage"] = ((adv - loc) / (adv[trained] - loc).pow(2).mean().sqrt()).unsqueeze(-1)
+    expected = RecurrentPPOLoss(actor, critic, boundary_mode=mode, normalize_advantage=False)(by_hand)
+    out = RecurrentPPOLoss(actor, critic, boundary_mode=mode, normalize_advantage=True)(windows.clone())
+    torch.testing.assert_close(out["loss_objective"], expected["loss_objective"], atol=1e-6, rtol=1e-5)
+    assert "shifted_valid" not in windows.keys()  # the input is left as it was
+
+
 def test_custom_keys():
     actor, critic, cells, heads = make_agent("ResetRNN", is_first_key="is_init")
     rollout = make_rollout([[3, 5, 4]])

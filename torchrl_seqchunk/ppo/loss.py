@@ -178,7 +178,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         (TorchRL's per-element contract), so every ``"loss_*"`` entry comes back per
         slot, and this class reduces it once by ``boundary_mode`` with the ``reduction``
         given here. TorchRL's loss masks (``loss_mask_key``) drop slots from both the
-        terms and the denominator, as in TorchRL; a dropped slot's inputs must still be
+        terms and the denominator, as in TorchRL; ``normalize_advantage=True`` standardizes over
+        the slots that train (as sb3-contrib's ``RecurrentPPO`` leaves out its padding), given to
+        TorchRL as its ``"shifted_valid"`` mask. A dropped slot's inputs must still be
         finite (a NaN advantage, target or log-probability there makes the gradients NaN,
         as in TorchRL's ``ClipPPOLoss``). :attr:`in_keys` is sorted.
 
@@ -325,8 +327,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         return mask
 
     def _window_entry(self, tensordict: TensorDictBase, name: str, *, trailing=((), (1,)),
-                      required: bool = True) -> torch.Tensor | None:
-        """``tensordict[<name>_key]`` as ``[N, W]``; ``trailing``: the dims allowed after ``[N, W]``."""
+                      required: bool = True) -> torch.Tensor | None:  # [N, W]; trailing: dims allowed after
         key = getattr(self.tensor_keys, name)
         value = tensordict.get(key, None)
         if value is None and not required:
@@ -352,8 +353,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 f"tensordict has batch_size={tuple(tensordict.batch_size)}; RecurrentPPOLoss "
                 "expects windows [N, W] (time last), e.g. from make_windows."
             )
-        # ClipPPOLoss reads the batch from the advantage's shape and compares values [N, W, 1]
-        self._window_entry(tensordict, "advantage", trailing=((1,),))
+        self._window_entry(tensordict, "advantage", trailing=((1,),))  # ClipPPOLoss's batch: its shape[:-1]
         self._window_entry(tensordict, "value_target", trailing=((1,),), required=False)
         is_first = self._window_entry(tensordict, "is_first")
         if is_first.dtype != torch.bool:
@@ -382,6 +382,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
         trains, count_weight = self._slots(tensordict)
         input_mask = self._input_mask(tensordict)
         real = trains if input_mask is None else trains & input_mask
+        if self.normalize_advantage and not real.all():  # standardized over the slots that train
+            tensordict = tensordict.copy().set("shifted_valid", real)
         with self._per_slot_terms() as reduction, set_recurrent_mode(True):
             out = super().forward(tensordict)
         weight = count_weight if self.boundary_mode == "inverse_count" else None
