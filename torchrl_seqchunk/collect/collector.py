@@ -125,6 +125,11 @@ class VectorEnvCollector:
         self._carried = {key: first[key].to(self.device) for key in self._primed}  # the primers' zeros
         self._traj_ids = torch.arange(self.num_envs, device=self.device)
         self._next_traj = self.num_envs
+        if _collector_probes(policy):  # as the Collector calls it when built: the same draws from torch's
+            # generator (none where the modules' default interaction type is deterministic), the same in-place changes
+            with torch.no_grad():
+                policy(TensorDict({**self._carried, **self._root, ("collector", "traj_ids"): self._traj_ids},
+                                  batch_size=[self.num_envs], device=self.device))
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         while self.total_frames == -1 or self.frames < self.total_frames:
@@ -230,6 +235,16 @@ def _check_base(base: SyncVectorGymWrapper) -> None:
                         f"observation spec is {[(str(k), type(base.observation_spec[k]).__name__) for k in keys]} "
                         "(flatten or encode the observation in the gymnasium envs, as make_vector_env does, or "
                         "step this env with TorchRL's Collector).")
+
+
+def _collector_probes(policy: nn.Module) -> bool:
+    """Whether TorchRL's ``Collector`` (its default buffers) calls the policy once when it is built, on
+    the first step's entries, to learn its outputs: a policy without a complete ``spec``, or whose
+    ``out_keys`` the spec lacks (``Collector._maybe_make_final_rollout``)."""
+    spec = getattr(policy, "spec", None)
+    if spec is None or any(value is None for value in spec.values(True, True)):
+        return True
+    return any(unravel_key(key) not in set(spec.keys(True, True)) for key in getattr(policy, "out_keys", ()))
 
 
 def _flat(transform) -> list:
