@@ -110,6 +110,58 @@ def test_refusals():
         tensor_policy(nn.Linear(2, 2))
 
 
+
+class DiscountedSum(RewardSum):  # a subclass whose step the plain-tensor rule would skip
+    def _step(self, tensordict, next_tensordict):
+        return next_tensordict.set("episode_reward", 0.5 * tensordict["episode_reward"] + next_tensordict["reward"])
+
+
+class OwnTracker(InitTracker):
+    pass
+
+
+def test_subclasses_of_the_applied_transforms_are_refused_by_name():
+    for transforms in ((InitTracker(), DiscountedSum()), (OwnTracker(),)):
+        with pytest.raises(TypeError, match=rf"{type(transforms[-1]).__name__} \(a subclass, whose changes"):
+            VectorEnvCollector(vector_env(*transforms), POLICY, frames_per_batch=4)
+
+
+def test_changes_after_the_collector_is_built_are_refused():
+    """A hook on the policy or a transform appended after building: the Collector would run them,
+    this collector runs what it read when built, so it refuses to go on."""
+    for change in ("hook", "transform"):
+        policy = TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"])
+        full = TensorDictSequential(policy, TensorDictModule(sample_action, ["logits"], ["action"]))
+        env = vector_env(InitTracker(), RewardSum())
+        collector = VectorEnvCollector(env, full, frames_per_batch=4, total_frames=8)
+        rollouts = iter(collector)
+        next(rollouts)
+        if change == "hook":
+            policy.register_forward_hook(lambda module, args, out: out)
+        else:
+            env.append_transform(StepCounter())
+        with pytest.raises(ValueError, match="changed since the VectorEnvCollector was built"):
+            next(rollouts)
+
+
+def test_named_modules_private_nested_keys_device_and_weights_as_the_collector():
+    from collections import OrderedDict
+    named = lambda: TensorDictSequential(OrderedDict(  # noqa: E731
+        net=TensorDictModule(nn.Linear(2, 2), ["observation"], ["logits"]),
+        aux=TensorDictModule(lambda logits: 2 * logits, ["logits"], [("_aux", "x")]),  # private: left out
+        act=TensorDictModule(sample_action, ["logits"], ["action"])))
+    ours = same_rollouts(short_cartpole(lambda: [InitTracker()]), named)
+    assert "_aux" not in ours[0].keys()
+    env = vector_env(InitTracker())
+    with pytest.raises(ValueError, match=r"parameters are on \['cpu'\] but device='meta'"):
+        VectorEnvCollector(env, TensorDictSequential(TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"]),
+                                                     TensorDictModule(sample_action, ["logits"], ["action"])),
+                           frames_per_batch=4, device="meta")
+    collector = VectorEnvCollector(env, POLICY, frames_per_batch=4)
+    collector.update_policy_weights_()
+    with pytest.raises(TypeError, match="update that policy's weights in place"):
+        collector.update_policy_weights_(policy_or_weights=POLICY)
+
 def wrapped(env_id: str, **kwargs) -> TransformedEnv:
     vector = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 2, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     return TransformedEnv(SyncVectorGymWrapper(vector, **kwargs), InitTracker())

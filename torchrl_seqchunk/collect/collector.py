@@ -26,6 +26,7 @@ from .policy import tensor_policy
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
+_KNOWN = (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward, TensorDictPrimer)
 
 
 class VectorEnvCollector:
@@ -78,7 +79,10 @@ class VectorEnvCollector:
             a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
-            ``-1`` nor positive; at a step, a policy that writes no ``"action"``.
+            ``-1`` nor positive; the policy's parameters on another device than ``device``; at a
+            step, a policy that writes no ``"action"``; at a rollout, transforms or policy
+            modules (or their hooks) changed since it was built. A subclass of the transforms
+            above is a TypeError (their rules here would skip its changes).
 
     Examples:
         >>> import torch
@@ -111,8 +115,13 @@ class VectorEnvCollector:
             raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
         self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
         self._steps = frames_per_batch // self.num_envs
+        devices = {p.device for p in policy.parameters()} - {self.device}
+        if devices:
+            raise ValueError(f"the policy's parameters are on {sorted(map(str, devices))} but device={str(self.device)!r}: "
+                             "move the policy there (policy.to(device)) or pass the device it is on.")
         self._obs_norm, self._reward_scale, self._reward_sum, self._primed = _read_transforms(env, policy)
         self._act = tensor_policy(policy)
+        self.policy, self._built = policy, _structure(env, policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
         self.frames = 0
@@ -140,6 +149,9 @@ class VectorEnvCollector:
     @torch.no_grad()
     def rollout(self) -> TensorDictBase:
         """One rollout ``[N, T]``, going on from where the previous one stopped."""
+        if _structure(self.env, self.policy) != self._built:
+            raise ValueError("the env's transforms or the policy's modules (or their hooks) changed since the "
+                             "VectorEnvCollector was built, which runs them as they were then: build a new one.")
         steps = []
         for _ in range(self._steps):
             # the env's entries win over those carried from the previous step
@@ -210,8 +222,14 @@ class VectorEnvCollector:
             self._next_traj += new.numel()
         self._root = root
 
-    def update_policy_weights_(self) -> None:
-        """Nothing to do: the policy runs in this process (kept for ``Collector``'s interface)."""
+    def update_policy_weights_(self, *args, **kwargs) -> None:
+        """Nothing to do: the policy runs in this process (kept for ``Collector``'s interface). Weights
+        or a policy given (TorchRL's ``policy_or_weights=``) are refused: update the policy's own
+        weights in place (``load_state_dict``), which this collector runs."""
+        if args or kwargs:
+            raise TypeError("VectorEnvCollector runs the policy it was built with, in this process: update that "
+                            "policy's weights in place (e.g. policy.load_state_dict(...)) and call "
+                            "update_policy_weights_() with no argument.")
 
     def shutdown(self) -> None:
         """Closes the env."""
@@ -247,6 +265,14 @@ def _collector_probes(policy: nn.Module) -> bool:
     return any(unravel_key(key) not in set(spec.keys(True, True)) for key in getattr(policy, "out_keys", ()))
 
 
+def _structure(env: TransformedEnv, policy: nn.Module) -> tuple:
+    """What the collector reads when built: the env's transforms and the policy's modules (their
+    inner modules and hooks), by identity."""
+    modules = tuple((id(m), id(getattr(m, "module", None)), len(m._forward_hooks), len(m._forward_pre_hooks))
+                    for m in policy.modules())
+    return tuple(map(id, _flat(env.transform))), modules
+
+
 def _flat(transform) -> list:
     """A transform, or a Compose of them (nested too), as a flat list."""
     if isinstance(transform, Compose):
@@ -260,13 +286,13 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
     RewardSum?, the primed keys)."""
     transforms = _flat(env.transform)
     kinds = [type(t) for t in transforms]
-    if InitTracker not in kinds:
+    if InitTracker not in kinds and not any(isinstance(t, InitTracker) for t in transforms):
         raise ValueError("the env has no InitTracker: append InitTracker() (the episode-start flags "
                          "\"is_init\" the rollouts hold and ResetRNN resets on).")
     obs_norm = reward_scale = None
     primed: dict = {}
     for transform in transforms:
-        if isinstance(transform, TensorDictPrimer):
+        if type(transform) is TensorDictPrimer:
             if transform.random or any(not isinstance(v, (int, float)) or v != 0
                                        for v in transform.default_value.values()):
                 raise ValueError("a TensorDictPrimer with random=True or a default_value other than 0: "
@@ -274,10 +300,12 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
                                  "TorchRL's Collector.")
             primed.update((unravel_key(k), spec.shape) for k, spec in transform.primers.items(True, True))
             continue
-        if not isinstance(transform, (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward)):
-            raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__} on plain tensors "
+        if type(transform) not in (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward):
+            sub = " (a subclass, whose changes its rules would skip)" if isinstance(transform, _KNOWN) else ""
+            raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__}{sub} on plain tensors "
                             "(it applies InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward "
-                            "and the primers of the policy's ResetRNN states); step this env with TorchRL's Collector.")
+                            "and the primers of the policy's ResetRNN states, by their own rules); step this env "
+                            "with TorchRL's Collector.")
         if kinds.count(type(transform)) > 1:
             raise ValueError(f"the env applies {type(transform).__name__} more than once; VectorEnvCollector "
                              "applies each transform once: keep one.")
@@ -322,10 +350,10 @@ def _next_entries(data: dict) -> dict:
 
 def _stack(steps: list[dict]) -> dict:
     """Per-step dicts of ``[N, ...]`` tensors -> nested dict of ``[N, T, ...]`` tensors, leaving out
-    private keys (a last part starting with ``"_"``), as TorchRL's collectors do."""
+    private keys (a part starting with ``"_"``), as TorchRL's collectors do."""
     out: dict = {}
     for key in steps[0]:
-        if (key[-1] if isinstance(key, tuple) else key).startswith("_"):
+        if any(part.startswith("_") for part in (key if isinstance(key, tuple) else (key,))):
             continue
         value = torch.stack([step[key] for step in steps], 1)
         *parents, leaf = key if isinstance(key, tuple) else (key,)

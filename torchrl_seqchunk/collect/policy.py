@@ -97,7 +97,7 @@ def _steps(module: nn.Module) -> list[Step]:
     if isinstance(module, ProbabilisticTensorDictModule):
         return [_sample_step(module)]
     if isinstance(module, TensorDictSequential):
-        return [run for child in module.module for run in _steps(child)]
+        return [run for child in module._module_iter() for run in _steps(child)]  # named modules too
     return [_module_step(module)]
 
 
