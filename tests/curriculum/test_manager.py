@@ -153,7 +153,8 @@ def test_due_and_state_dict_round_trip():
         ({"decay": 0.0}, "decay"),
         ({"move_threshold": 0.0}, "move_threshold"),
         ({"maximum": 100}, "maximum"),
-        ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 4 points
+        ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 3 points below
+        ({"window": 4, "move_threshold": 0.8}, "exceeds the success mass"),  # 3.2 > 3: 4 points, 3 below
     ],
 )
 def test_manager_rejects_bad_arguments(kwargs, match):
@@ -195,7 +196,7 @@ def test_manager_and_transform_take_numpy_integers():
     assert manager.maximum == 30 and type(manager.maximum) is int
     manager.record(np.array([29, 30], np.uint64), np.array([True, False]))
     assert manager.num_pending == 2
-    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 99 + [1.0]), restore="replay", frames_per_step=np.int64(4))
+    transform = ReverseCurriculum(Demo([0] * 100, [0.0] * 99 + [1.0]), restore="replay", seed=np.int64(0), frames_per_step=np.int64(4))
     assert transform.frames_per_step == 4 and type(transform.frames_per_step) is int
 
 
@@ -214,3 +215,16 @@ def test_record_rejects_bad_input():
     with pytest.raises(ValueError, match=r"\[0, 99\]"):
         manager.record([100], [True])
 
+
+
+@pytest.mark.parametrize("num_envs, window, threshold", [(2, 2, 0.5), (4, 4, 0.75), (16, 16, 15 / 16)])
+def test_every_accepted_threshold_lets_full_success_move_back(num_envs, window, threshold):
+    """At the bound (the points below the maximum holding all the mass), every episode
+    succeeding moves the maximum back; a threshold past it is refused, not left stuck."""
+    manager = ResetManager(100, num_envs, window=window, move_threshold=threshold)
+    for _ in range(5):
+        manager.record(manager.assign(), torch.ones(num_envs, dtype=torch.bool))
+        manager.update()
+    assert manager.maximum < 99
+    with pytest.raises(ValueError, match="could never move back"):
+        ResetManager(100, num_envs, window=window, move_threshold=threshold + 0.01)

@@ -173,19 +173,19 @@ def test_rules_that_would_cut_or_pass_every_episode_are_refused():
     # a cost per step: the demo's score falls, so an episode on its pace trails the score of
     # max_lag steps before at its first step
     with pytest.raises(ValueError, match="max_lag=2 compares the score .*negative rewards"):
-        ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", max_lag=2)
+        ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", seed=0, max_lag=2)
     with pytest.raises(ValueError, match="max_lag=2"):  # returns 0, 1, 1, 0.5: 1 > 0.5 two steps on
-        ReverseCurriculum(Demo([0, 1, 1], [1.0, 0.0, -0.5]), restore="replay", max_lag=2)
+        ReverseCurriculum(Demo([0, 1, 1], [1.0, 0.0, -0.5]), restore="replay", seed=0, max_lag=2)
     # max_lag 0 compares the score with the demo's at the same step; a score that never falls
     # over the lag (returns 0, 1, 0.5, 1.5) is fine
-    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", max_lag=0)
-    ReverseCurriculum(Demo([0, 1, 1], [1.0, -0.5, 1.0]), restore="replay", max_lag=2)
+    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", seed=0, max_lag=0)
+    ReverseCurriculum(Demo([0, 1, 1], [1.0, -0.5, 1.0]), restore="replay", seed=0, max_lag=2)
     # a demo that scores nothing: success="score" would pass every episode at its first step
     with pytest.raises(ValueError, match="success='score' with a demo that scores nothing"):
-        ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay")
-    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", success="goal")
-    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", end_on_success=False)  # the rule is not read
-    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", success="goal")
+        ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", seed=0)
+    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", seed=0, success="goal")
+    ReverseCurriculum(Demo([0, 1], [0.0, 0.0]), restore="replay", seed=0, end_on_success=False)  # the rule is not read
+    ReverseCurriculum(Demo([0, 1, 1], [-1.0, -1.0, -1.0]), restore="replay", seed=0, success="goal")
 
 
 class CorridorEnv(gym.Env):
@@ -290,6 +290,49 @@ def test_restoring_role_rejects_batched_env():
     with pytest.raises(TypeError, match="unbatched"):
         env.reset()
 
+
+
+def test_the_lag_rule_allows_float32_rewards_on_the_demos_pace():
+    """A demo reward that float32 rounds down (0.7): the demo's own actions are not behind it."""
+    class Points(ChainEnv):
+        def step(self, action):
+            obs, _, terminated, truncated, info = super().step(action)
+            return obs, 0.7 if self.t == 2 else 0.0, terminated, truncated, info
+    demo = record_demo(Points(horizon=6), [1] * 6, seed=3)
+    env = TransformedEnv(GymWrapper(Points(horizon=6)), ReverseCurriculum(demo, restore="replay", max_lag=1, end_on_success=False))
+    td = reset_at(env, 0)
+    for action in demo.actions[:5]:
+        td = env.step(td.set("action", env.action_spec.encode(int(action))))["next"]
+        assert not td["truncated"].item(), td["demo_index"].item()
+
+
+def test_seedless_replays_and_options_of_the_other_role_are_refused():
+    with pytest.raises(ValueError, match="holds none .*Pass seed="):
+        ReverseCurriculum(record_demo(ChainEnv(), DEMO_ACTIONS, seed=None), restore="replay")
+    demo = toy_demo()
+    manager = ResetManager(len(demo), 2)
+    for option in (dict(max_lag=2), dict(env_reset_at_zero=True), dict(end_on_success=False),
+                   dict(frames_per_step=4), dict(seed=1), dict(snapshot_every=10)):
+        with pytest.raises(ValueError, match=f"{next(iter(option))} act where episodes are restored"):
+            ReverseCurriculum(demo, manager, **option)
+    with pytest.raises(TypeError, match="manager must be a ResetManager"):
+        ReverseCurriculum(demo, 5, restore="replay")
+    with pytest.raises(TypeError, match="seed must be an int"):
+        ReverseCurriculum(demo, restore="replay", seed="0")
+
+
+def test_envs_left_out_of_a_partial_step_are_not_recorded_again():
+    """rollout(break_when_all_done=True) steps only the envs still running: one that ended
+    earlier still shows done, and must not be recorded once more at every later step."""
+    demo = toy_demo()
+    manager = ResetManager(len(demo), 2, window=10, update_every=100, maximum=38)
+    worker = functools.partial(make_worker, demo, end_on_success=False)  # episodes end at the horizon
+    env = TransformedEnv(SerialEnv(2, worker), ReverseCurriculum(demo, manager))
+    try:
+        env.rollout(20, break_when_any_done=False, break_when_all_done=True)  # from 38 and 33: 2 and 7 steps
+    finally:
+        env.close()
+    assert manager.state_dict()["pending_points"].tolist() == [38, 33]  # each episode once
 
 @pytest.mark.parametrize("batched", [SerialEnv, ParallelEnv])
 def test_batched_envs_restore_in_workers_and_collector_resets(batched):
@@ -426,3 +469,30 @@ def test_errors_name_the_value_and_the_fix():
     env = make_worker(demo)
     with pytest.raises(ValueError, match=r"'starting_point'=40 is outside the demo \[0, 39\]; .*ResetManager"):
         reset_at(env, 40)
+
+
+def test_ale_restore_refuses_a_skipping_demo_and_observation_wrappers():
+    """restore="ale" replays single frames from the emulator: a demo recorded in a v5 env (its
+    registered frameskip=4) is refused, and so are wrappers whose observation it would skip."""
+    import ale_py
+    from gymnasium.wrappers import TransformObservation
+
+    gym.register_envs(ale_py)
+    actions = [0, 1, 2, 3] * 3
+    skipping = record_demo(gym.make("ALE/Pong-v5", repeat_action_probability=0.0), actions, seed=0)
+    with pytest.raises(ValueError, match="recorded with frameskip=4"):
+        ReverseCurriculum(skipping, restore="ale")
+
+    def inverted():
+        env = gym.make("ALE/Pong-v5", repeat_action_probability=0.0, frameskip=1, obs_type="ram")
+        return TransformObservation(env, lambda obs: 255 - obs, env.observation_space)
+    demo = record_demo(inverted(), actions, seed=3)
+    with pytest.raises(TypeError, match="past the env's TransformObservation"):
+        reset_at(TransformedEnv(GymWrapper(inverted()), ReverseCurriculum(demo, restore="ale", end_on_success=False)), 5)
+    replayed = reset_at(TransformedEnv(GymWrapper(inverted()), ReverseCurriculum(demo, restore="replay",
+                                                                                 end_on_success=False)), 5)
+    reference = inverted()
+    obs, _ = reference.reset(seed=3)
+    for action in actions[:5]:
+        obs, *_ = reference.step(action)
+    assert np.array_equal(replayed["observation"].numpy(), obs)  # replay goes through the wrapper

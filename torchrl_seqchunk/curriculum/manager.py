@@ -32,7 +32,9 @@ class ResetManager:
       mass (success collapsed where episodes now start), the maximum is nudged
       forward by ``nudge``, capped at ``demo_length - 1``: the rates of points
       above the maximum, measured before it moved back below them, do not hold
-      it there. So 0 is not final either: where too few episodes from the env's
+      it there. With ``decay < 1`` the stored rates shrink at every update, so
+      the nudge can also follow a batch of successes whose points do not make
+      the mass by themselves. So 0 is not final either: where too few episodes from the env's
       own start succeed, the maximum goes back up by ``nudge`` and returns.
 
     .. note::
@@ -75,9 +77,9 @@ class ResetManager:
             bool), or ``move_threshold``/``decay`` not a real number.
         ValueError: a count is not positive, ``decay`` is outside ``(0, 1]``,
             ``move_threshold`` is not positive, ``move_threshold * window``
-            exceeds ``min(num_envs, window)`` (the most success mass the
-            current window's points can hold, so it could never move back by
-            itself), or ``maximum`` is outside ``[0, N - 1]``.
+            exceeds ``min(num_envs, window) - 1`` where that is positive (the most
+            success mass the window's points below the maximum can hold, so it
+            could never move back by itself), or ``maximum`` is outside ``[0, N - 1]``.
 
     Examples:
         >>> manager = ResetManager(1000, 8, window=32)
@@ -115,11 +117,13 @@ class ResetManager:
         )
         move_threshold = check_real("move_threshold", move_threshold, low=0.0, open_low=True)
         decay = check_real("decay", decay, low=0.0, high=1.0, open_low=True)
-        if move_threshold * window > min(num_envs, window):
+        below = min(num_envs, window) - 1  # distinct starting points below the maximum
+        if below and move_threshold * window > below:
             raise ValueError(
                 f"move_threshold * window = {move_threshold * window:g} exceeds the success mass the "
-                f"{min(num_envs, window)} distinct starting points of one window can reach; lower "
-                "move_threshold or window, or add envs."
+                f"{below} distinct starting points below the maximum can reach (a mass first reached "
+                "at the maximum leaves it there), so it could never move back; lower move_threshold "
+                "or window, or add envs."
             )
         self.demo_length, self.num_envs = demo_length, num_envs
         self.move_threshold, self.nudge, self.window = move_threshold, nudge, window

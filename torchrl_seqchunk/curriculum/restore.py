@@ -111,10 +111,15 @@ class _ALERestore(_Restore):
     ignored_kwargs = ("frameskip",)
 
     def __init__(self, demo: Demo, seed: int | None, snapshot_every: int) -> None:
-        if demo.meta.get("frameskip", 1) != 1:
+        # the frame skip the demo was recorded with: its meta's, else its env's (record_demo keeps the
+        # env's arguments; ALE's v5 ids register frameskip=4)
+        recorded = (demo.meta.get("env_spec") or {}).get("kwargs", {}).get("frameskip", 1)
+        frameskip = demo.meta.get("frameskip", recorded)
+        if frameskip != 1:
             raise ValueError(
-                f"restore='ale' replays one emulator frame per demo action, but the demo has "
-                f"frameskip={demo.meta['frameskip']}; use restore='replay' with the same frame skip."
+                f"restore='ale' replays one emulator frame per demo action, but the demo was recorded "
+                f"with frameskip={frameskip}; use restore='replay' with the same frame skip, or record "
+                "the demo in an env made with frameskip=1."
             )
         super().__init__(demo, seed)
         self.snapshot_every = snapshot_every
@@ -146,6 +151,15 @@ class _ALERestore(_Restore):
                 f"restore='ale' needs an ALE env, got {type(env.unwrapped).__name__}; "
                 "use restore='replay' or a callable."
             )
+        layer = env
+        while isinstance(layer, gym.Wrapper):  # the restored observation is the emulator's own
+            if isinstance(layer, gym.ObservationWrapper) or layer.observation_space != env.unwrapped.observation_space:
+                raise TypeError(
+                    f"restore='ale' returns the emulator's own observation, past the env's {type(layer).__name__}; "
+                    "use restore='replay' (it steps through the wrappers) or make that change with a TorchRL "
+                    "transform after the ReverseCurriculum."
+                )
+            layer = layer.env
         super()._check_env(env)
 
     def _restore(self, env, k: int):

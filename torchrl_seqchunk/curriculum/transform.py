@@ -56,6 +56,16 @@ class ReverseCurriculum(Transform):
         reset without a starting point (``env.reset()``) restores to 0.
 
     .. note::
+        The assigning role judges episodes by the done flags where it sits: a truncation a
+        later transform adds (a ``StepCounter``, the one TorchRL's ``Collector`` appends for
+        ``max_frames_per_traj``) ends episodes it never records; bound episodes before it
+        (gymnasium's ``max_episode_steps``). The reset keeps only the restored observation:
+        other reset-time entries (an info dict reader's, e.g. ALE's ``lives``) are the env's
+        own reset's. ``"replay"`` leaves the env's random generator where the seeded replay
+        left it, so a stochastic env continues alike from every restore (it is for
+        deterministic envs).
+
+    .. note::
         ``success="score"`` compares scores only: where every reward is a cost
         per step (MountainCar), an episode that lasts to ``F`` succeeds, goal or
         not, and one that reaches the goal sooner than the demo fails the index
@@ -101,7 +111,7 @@ class ReverseCurriculum(Transform):
             margin``. Defaults to ``0.0`` (at least as good as the demo).
         env_reset_at_zero (bool): starting point 0 is the env's own reset (its
             initial-state distribution, seeded from the env's generator at the
-            first reset) instead of the demo's seeded start, so once the
+            first reset; a later ``set_seed`` does not seed it again) instead of the demo's seeded start, so once the
             maximum reaches 0 the agent trains on the task itself. Defaults to
             ``False``.
         starting_point_key, score_key, demo_index_key, success_key, reward_key,
@@ -119,8 +129,13 @@ class ReverseCurriculum(Transform):
             action space (the messages name both envs, or the step and the space),
             a ``max_lag`` over which the demo's own score falls somewhere (negative
             rewards), or ``success="score"`` read (a manager, or ``end_on_success``)
-            with a demo whose every reward is 0.
-        TypeError: the restoring role sits on a batched or non-gymnasium env.
+            with a demo whose every reward is 0; ``"replay"`` with no seed (none given, none in
+            the demo); ``seed``, ``snapshot_every``, ``frames_per_step``, ``max_lag``,
+            ``end_on_success=False`` or ``env_reset_at_zero`` given to the assigning role only
+            (the restoring role reads them).
+        TypeError: the restoring role sits on a batched or non-gymnasium env; ``manager`` not a
+            ``ResetManager``, ``seed`` not an int; ``"ale"`` on an env wrapped to change its
+            observations (the restore returns the emulator's own).
 
     Examples:
         >>> import gymnasium as gym
@@ -170,6 +185,17 @@ class ReverseCurriculum(Transform):
             raise ValueError(
                 "pass manager= (assign starting points), restore= (restore them), or both."
             )
+        if manager is not None and not isinstance(manager, ResetManager):
+            raise TypeError(f"manager must be a ResetManager, got {type(manager).__name__}.")
+        if restore is None:  # the assigning role only: what the restoring role reads would be ignored
+            ignored = {"seed": seed is not None, "snapshot_every": snapshot_every != 100,
+                       "frames_per_step": frames_per_step != 1, "max_lag": max_lag is not None,
+                       "end_on_success": not end_on_success, "env_reset_at_zero": bool(env_reset_at_zero)}
+            if any(ignored.values()):
+                raise ValueError(
+                    f"{', '.join(name for name, set_ in ignored.items() if set_)} act where episodes are "
+                    "restored and tracked: give them to the restoring ReverseCurriculum(demo, restore=...) "
+                    "in every worker, not to the assigning one (give both roles the same success and margin).")
         if manager is not None and manager.demo_length != len(demo):
             raise ValueError(
                 f"manager.demo_length={manager.demo_length} but the demo has {len(demo)} steps; "
@@ -186,7 +212,11 @@ class ReverseCurriculum(Transform):
                 "somewhere (negative rewards, a cost per step), where an episode on the demo's own pace "
                 "would be cut. Leave max_lag=None (a time limit bounds such episodes)."
             )
-        seed = demo.seed if seed is None else seed
+        seed = demo.seed if seed is None else check_int("seed", seed, low=0)
+        if restore == "replay" and seed is None:
+            raise ValueError("restore='replay' resets the env with the demo's seed, and this demo holds none "
+                             "(recorded with seed=None): a replay would start from another state at every "
+                             "reset. Pass seed= (the reset seed the demo was recorded from), or record it with one.")
         if restore == "replay":
             restore = _ReplayRestore(demo, seed)
         elif restore == "ale":
@@ -213,6 +243,7 @@ class ReverseCurriculum(Transform):
         self.margin = check_real("margin", margin, low=0.0)
         self._zero_rng: np.random.Generator | None = None
         self._returns = torch.as_tensor(demo.returns, dtype=torch.float64)
+        self._tolerance = 1e-5 * max(1.0, abs(demo.total))  # float32 rewards' rounding, in game points
         scored = np.flatnonzero(demo.rewards)
         self._final_index = int(scored[-1]) + 1 if len(scored) else 0
 
@@ -323,9 +354,9 @@ class ReverseCurriculum(Transform):
         end = torch.zeros_like(score, dtype=torch.bool)
         if self.end_on_success and self.success == "score":  # "goal": termination ends it
             end |= self._succeeded(score, index)
-        if self.max_lag is not None:
+        if self.max_lag is not None:  # with the rounding _as_good allows: the demo's own pace is not behind
             behind = (index - self.max_lag).clamp(0, len(self.demo))
-            end |= score < returns[behind]
+            end |= score < returns[behind] - self._tolerance
         next_tensordict.set(self.starting_point_key, tensordict.get(self.starting_point_key))
         next_tensordict.set(self.score_key, score)
         next_tensordict.set(self.demo_index_key, index)
@@ -338,7 +369,7 @@ class ReverseCurriculum(Transform):
 
     def _as_good(self, score: torch.Tensor) -> torch.Tensor:
         # rewards reach the score as float32 (TorchRL's reward spec): allow their rounding
-        return score >= self.demo.total - self.margin - 1e-5 * max(1.0, abs(self.demo.total))
+        return score >= self.demo.total - self.margin - self._tolerance
 
     def _judge(self, tensordict, next_tensordict) -> None:
         done = next_tensordict.get(self.done_key)
@@ -348,6 +379,9 @@ class ReverseCurriculum(Transform):
         else:
             success = done & self._succeeded(score, next_tensordict.get(self.demo_index_key))
         next_tensordict.set(self.success_key, success)
+        stepped = tensordict.get("_step", None)  # TorchRL's partial steps: an env not stepped ended before
+        if stepped is not None:
+            done = done & stepped.reshape(done.shape)
         if done.any():
             ended = done.reshape(-1)
             points = tensordict.get(self.starting_point_key).reshape(-1)[ended]
