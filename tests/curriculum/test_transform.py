@@ -87,6 +87,10 @@ def test_user_callable_restore():
     env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore=restore))
     td = reset_at(env, 5)
     assert td["observation"].tolist() == [123, 5] and td["score"].item() == demo.returns[5]
+    for wrong in (lambda env, k: env.reset(seed=TOY_SEED), lambda env, k: None):  # (obs, info), nothing
+        env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore=wrong))
+        with pytest.raises(TypeError, match=r"must return the observation there, got (tuple|NoneType)"):
+            reset_at(env, 5)
 
 
 def test_diverging_demo_is_detected_on_first_use():

@@ -317,7 +317,11 @@ class ReverseCurriculum(Transform):
                     f"{self.starting_point_key!r}={k} is outside the demo [0, {len(self.demo) - 1}]; "
                     "the assigning transform's ResetManager must be built for this demo's length."
                 )
-            obs = TensorDict(base.read_obs(self._restore_to(base._env, k)), batch_size=[])
+            restored = self._restore_to(base._env, k)
+            if restored is None or isinstance(restored, tuple):
+                raise TypeError(f"restore(gym_env, k) must return the observation there, got "
+                                f"{type(restored).__name__} (env.reset returns (obs, info): return obs).")
+            obs = TensorDict(base.read_obs(restored), batch_size=[])
             tensordict_reset.update(obs.to(tensordict_reset.device))
             device = tensordict_reset.device
             tensordict_reset.set(self.starting_point_key, torch.tensor([k], device=device))
