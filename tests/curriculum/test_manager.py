@@ -228,3 +228,19 @@ def test_every_accepted_threshold_lets_full_success_move_back(num_envs, window, 
     assert manager.maximum < 99
     with pytest.raises(ValueError, match="could never move back"):
         ResetManager(100, num_envs, window=window, move_threshold=threshold + 0.01)
+
+
+def test_a_corrupt_state_is_refused_and_leaves_the_manager_as_it_was():
+    manager = ResetManager(100, 4, maximum=60)
+    manager.record([58, 59], [True, False])
+    before = manager.state_dict()
+    good = ResetManager(100, 4, maximum=30).state_dict()
+    for change, match in (({"rates": torch.full((100,), float("nan"))}, r"outside \[0, 1\]"),
+                          ({"rates": -torch.ones(100)}, r"outside \[0, 1\]"),
+                          ({"pending_points": torch.tensor([500]), "pending_successes": torch.tensor([True])},
+                           r"must lie in \[0, 99\]")):
+        with pytest.raises(ValueError, match=match):
+            manager.load_state_dict({**good, **change})
+        after = manager.state_dict()
+        assert manager.maximum == 60 and all(torch.equal(torch.as_tensor(after[k]), torch.as_tensor(before[k]))
+                                             for k in before if k != "last_success_rate")

@@ -237,8 +237,9 @@ class ResetManager:
         """Restores :meth:`state_dict`.
 
         Raises:
-            ValueError: it was saved for another demo length, or its maximum is
-                outside ``[0, demo_length - 1]`` (the manager is left unchanged).
+            ValueError: it was saved for another demo length, its rates are not in
+                ``[0, 1]``, its maximum is outside ``[0, demo_length - 1]`` or a pending
+                episode is out of range (the manager is left unchanged).
         """
         rates = torch.as_tensor(state_dict["rates"], dtype=torch.float64)
         if rates.shape != (self.demo_length,):
@@ -246,8 +247,15 @@ class ResetManager:
                 f"state_dict['rates'] has shape {tuple(rates.shape)}, expected ({self.demo_length},); "
                 "it was saved for a demo of another length."
             )
-        self.maximum = state_dict["maximum"]
-        self.rates = rates.clone()
-        self.last_success_rate = float(state_dict["last_success_rate"])
-        self._points, self._successes = [], []
-        self.record(state_dict["pending_points"], state_dict["pending_successes"])
+        if not bool(((rates >= 0) & (rates <= 1)).all()):  # NaN too
+            raise ValueError("state_dict['rates'] holds values outside [0, 1] (success rates); it is corrupt.")
+        kept = (self._maximum, self.rates, self.last_success_rate, self._points, self._successes)
+        try:
+            self.maximum = state_dict["maximum"]
+            self.rates = rates.clone()
+            self.last_success_rate = float(state_dict["last_success_rate"])
+            self._points, self._successes = [], []
+            self.record(state_dict["pending_points"], state_dict["pending_successes"])
+        except Exception:
+            self._maximum, self.rates, self.last_success_rate, self._points, self._successes = kept
+            raise
