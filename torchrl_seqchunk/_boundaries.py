@@ -13,8 +13,7 @@ def read_entry(tensordict: TensorDictBase, arg: str, key: NestedKey, *, flag: bo
                missing: str | None = None) -> torch.Tensor | None:
     """``tensordict[key]``, shaped ``[*B, T, 1]`` (bool where ``flag``); ``None`` if absent and not
     ``required``. Raises ValueError (missing, wrong shape; ``missing`` replaces the default fix)
-    or TypeError (a flag that is not ``torch.bool``, a value or reward that is not floating),
-    naming the argument ``arg``."""
+    or TypeError (a flag that is not ``torch.bool``), naming the argument ``arg``."""
     shape = (*tensordict.batch_size, 1)
     value = tensordict.get(key, None)
     if value is None:
@@ -27,11 +26,15 @@ def read_entry(tensordict: TensorDictBase, arg: str, key: NestedKey, *, flag: bo
             f"{arg}={key!r} has shape {tuple(value.shape)}, expected {shape} "
             "(the batch size plus a trailing singleton, as TorchRL stores it)."
         )
-    if flag:
-        return check_flag(arg, key, value)
-    if not value.is_floating_point():  # an integer value would truncate the rewards cast to it
-        raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; values and rewards must be floating, "
-                        "convert with .float().")
+    return check_flag(arg, key, value) if flag else value
+
+
+def check_floating(arg: str, key: NestedKey, value: torch.Tensor) -> torch.Tensor:
+    """``value``, or a TypeError naming ``arg`` if it is not floating: the rewards are cast to the
+    values' dtype, which an integer dtype would truncate."""
+    if not value.is_floating_point():
+        raise TypeError(f"{arg}={key!r} has dtype {value.dtype}; values must be floating (the rewards are "
+                        "cast to their dtype), convert with .float().")
     return value
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
+from tensordict import TensorDict
 from tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule, TensorDictModule, TensorDictModuleBase,
                            TensorDictSequential)
 from torch import nn
@@ -157,10 +158,28 @@ def test_named_modules_private_nested_keys_device_and_weights_as_the_collector()
         VectorEnvCollector(env, TensorDictSequential(TensorDictModule(nn.Linear(4, 2), ["observation"], ["logits"]),
                                                      TensorDictModule(sample_action, ["logits"], ["action"])),
                            frames_per_batch=4, device="meta")
-    collector = VectorEnvCollector(env, POLICY, frames_per_batch=4)
+    VectorEnvCollector(env, POLICY, frames_per_batch=4, device="cpu:0")  # the same device, written otherwise
+    # weights given are copied into the policy in place, as the Collector loads them
+    mine, theirs = (TensorDictModule(nn.Linear(4, 2), ["observation"], ["action"]) for _ in range(2))
+    collector = VectorEnvCollector(env, mine, frames_per_batch=4)
+    weight = mine.module.weight
     collector.update_policy_weights_()
-    with pytest.raises(TypeError, match="update that policy's weights in place"):
-        collector.update_policy_weights_(policy_or_weights=POLICY)
+    collector.update_policy_weights_(TensorDict.from_module(mine))  # its own weights: unchanged
+    collector.update_policy_weights_(policy_or_weights=theirs)
+    assert mine.module.weight is weight and torch.equal(weight, theirs.module.weight)
+    with pytest.raises(TypeError, match="policy_or_weights must be a module"):
+        collector.update_policy_weights_([1.0])
+
+
+def test_lazy_modules_collect_as_under_the_collector():
+    """A LazyLinear (TorchRL's MLP without in_features) drops its own pre-hook when it first runs:
+    not a change of the policy."""
+    from torchrl.modules import MLP
+
+    def policy():
+        return TensorDictSequential(TensorDictModule(MLP(out_features=2, num_cells=[8]), ["observation"], ["logits"]),
+                                    TensorDictModule(sample_action, ["logits"], ["action"]))
+    same_rollouts(short_cartpole(lambda: [InitTracker(), RewardSum()]), policy, batches=3)
 
 def wrapped(env_id: str, **kwargs) -> TransformedEnv:
     vector = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 2, autoreset_mode=gym.vector.AutoresetMode.DISABLED)

@@ -155,6 +155,7 @@ def test_due_and_state_dict_round_trip():
         ({"maximum": 100}, "maximum"),
         ({"window": 40, "move_threshold": 0.2}, "exceeds the success mass"),  # 8 > 3 points below
         ({"window": 4, "move_threshold": 0.8}, "exceeds the success mass"),  # 3.2 > 3: 4 points, 3 below
+        ({"num_envs": 1, "window": 32, "move_threshold": 0.5}, "exceeds the success mass"),  # one point: 16 > 1
     ],
 )
 def test_manager_rejects_bad_arguments(kwargs, match):

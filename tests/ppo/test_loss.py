@@ -285,16 +285,17 @@ def test_torchrl_options_still_work():
 
 
 
-def test_normalize_advantage_standardizes_over_the_slots_that_train():
+@pytest.mark.parametrize("window", [4, 1])  # some slots dropped; every slot trains (one estimator for both)
+def test_normalize_advantage_standardizes_over_the_slots_that_train(window):
     """normalize_advantage in mask mode: the advantage standardized by hand over the trained
     slots alone (as sb3-contrib's RecurrentPPO leaves out its padding), then the same loss
     without normalization; the slots dropped after a reset take no part in the statistics."""
     mode = "mask"
     actor, critic, _, _ = make_agent("ResetRNN")
-    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]], seed=3), 4, memory_key=MEMORY)
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]], seed=3), window, memory_key=MEMORY)
     windows["advantage"] = windows["advantage"] * 3.0 + 1.0
     trained = slot_weights(windows["is_first"], windows["count_weight"], mode) > 0
-    assert not trained.all()
+    assert trained.all() == (window == 1)
     adv = windows["advantage"].squeeze(-1)
     loc = adv[trained].mean()
     by_hand = windows.clone()

@@ -1044,6 +1044,9 @@ def test_fused_lstm_bias_gradients_are_separate_tensors(frozen):
     if frozen is None:
         rnn.bias_ih_l0.grad.mul_(0.5)
         torch.testing.assert_close(rnn.bias_hh_l0.grad, expected["fused"]["bias_hh_l0"], atol=0, rtol=0)
+        y, h_last = rnn_with_resets(rnn, x, is_first, backend="fused")
+        d_ih, d_hh = torch.autograd.grad(loss_of(y, h_last), [rnn.bias_ih_l0, rnn.bias_hh_l0])
+        assert d_ih is not d_hh and d_ih.data_ptr() != d_hh.data_ptr()  # scaling one in place leaves the other
 
 
 def test_fused_lstm_resets_clear_non_finite_states():

@@ -115,7 +115,7 @@ class VectorEnvCollector:
             raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
         self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
         self._steps = frames_per_batch // self.num_envs
-        devices = {p.device for p in policy.parameters()} - {self.device}
+        devices = {_canonical(p.device) for p in policy.parameters()} - {_canonical(self.device)}
         if devices:
             raise ValueError(f"the policy's parameters are on {sorted(map(str, devices))} but device={str(self.device)!r}: "
                              "move the policy there (policy.to(device)) or pass the device it is on.")
@@ -222,14 +222,23 @@ class VectorEnvCollector:
             self._next_traj += new.numel()
         self._root = root
 
-    def update_policy_weights_(self, *args, **kwargs) -> None:
-        """Nothing to do: the policy runs in this process (kept for ``Collector``'s interface). Weights
-        or a policy given (TorchRL's ``policy_or_weights=``) are refused: update the policy's own
-        weights in place (``load_state_dict``), which this collector runs."""
-        if args or kwargs:
-            raise TypeError("VectorEnvCollector runs the policy it was built with, in this process: update that "
-                            "policy's weights in place (e.g. policy.load_state_dict(...)) and call "
-                            "update_policy_weights_() with no argument.")
+    @torch.no_grad()
+    def update_policy_weights_(self, policy_or_weights=None, *, worker_ids=None) -> None:
+        """The policy runs in this process, so with no argument there is nothing to do; weights given
+        (a module of the policy's structure, its ``TensorDict.from_module`` weights, or a state dict)
+        are copied into the policy's parameters in place, as TorchRL's ``Collector`` loads them.
+        ``worker_ids`` is accepted for ``Collector``'s interface (one worker here)."""
+        if policy_or_weights is None:
+            return
+        if isinstance(policy_or_weights, nn.Module):
+            policy_or_weights = TensorDict.from_module(policy_or_weights)
+        if isinstance(policy_or_weights, TensorDictBase):
+            TensorDict.from_module(self.policy).data.update_(policy_or_weights.data)
+        elif isinstance(policy_or_weights, dict):
+            self.policy.load_state_dict(policy_or_weights)
+        else:
+            raise TypeError(f"policy_or_weights must be a module, a TensorDict of weights or a state dict, got "
+                            f"{type(policy_or_weights).__name__}.")
 
     def shutdown(self) -> None:
         """Closes the env."""
@@ -268,9 +277,20 @@ def _collector_probes(policy: nn.Module) -> bool:
 def _structure(env: TransformedEnv, policy: nn.Module) -> tuple:
     """What the collector reads when built: the env's transforms and the policy's modules (their
     inner modules and hooks), by identity."""
-    modules = tuple((id(m), id(getattr(m, "module", None)), len(m._forward_hooks), len(m._forward_pre_hooks))
+    modules = tuple((id(m), id(getattr(m, "module", None)), len(m._forward_hooks),
+                     sum(getattr(hook, "__name__", "") != "_infer_parameters"  # a lazy module's own, removed when it
+                         for hook in m._forward_pre_hooks.values()))        # first runs
                     for m in policy.modules())
     return tuple(map(id, _flat(env.transform))), modules
+
+
+def _canonical(device) -> torch.device:
+    """``device`` with its index resolved (``"cuda"`` is the current CUDA device, ``"cpu:0"`` the CPU)."""
+    device = torch.device(device)
+    if device.type == "cpu" or device.index is not None:
+        return torch.device(device.type) if device.type == "cpu" else device
+    index = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
+    return torch.device(device.type, index)
 
 
 def _flat(transform) -> list:

@@ -77,9 +77,9 @@ class ResetManager:
             bool), or ``move_threshold``/``decay`` not a real number.
         ValueError: a count is not positive, ``decay`` is outside ``(0, 1]``,
             ``move_threshold`` is not positive, ``move_threshold * window``
-            exceeds ``min(num_envs, window) - 1`` where that is positive (the most
-            success mass the window's points below the maximum can hold, so it
-            could never move back by itself), or ``maximum`` is outside ``[0, N - 1]``.
+            exceeds ``max(min(num_envs, window) - 1, 1)`` (the most success mass
+            the window's points below the maximum can hold, so it could never
+            move back by itself), or ``maximum`` is outside ``[0, N - 1]``.
 
     Examples:
         >>> manager = ResetManager(1000, 8, window=32)
@@ -117,8 +117,9 @@ class ResetManager:
         )
         move_threshold = check_real("move_threshold", move_threshold, low=0.0, open_low=True)
         decay = check_real("decay", decay, low=0.0, high=1.0, open_low=True)
-        below = min(num_envs, window) - 1  # distinct starting points below the maximum
-        if below and move_threshold * window > below:
+        # the distinct starting points below the maximum (one env or a window of 1 has none: documented)
+        below = max(min(num_envs, window) - 1, 1)
+        if move_threshold * window > below:
             raise ValueError(
                 f"move_threshold * window = {move_threshold * window:g} exceeds the success mass the "
                 f"{below} distinct starting points below the maximum can reach (a mass first reached "

@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from .._boundaries import read_entry, stops
+from .._boundaries import check_floating, read_entry, stops
 from .._checks import check_int, check_real
 
 __all__ = ["boundary_nstep_targets"]
@@ -74,8 +74,8 @@ def boundary_nstep_targets(
         The same ``tensordict``, updated in place.
 
     Raises:
-        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, a value or the
-            reward is not floating, or ``gamma`` / ``n_steps`` has the wrong type.
+        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, the values are
+            not floating, or ``gamma`` / ``n_steps`` has the wrong type.
         ValueError: no batch dim or ``T = 0``, ``gamma`` outside ``[0, 1]``,
             ``n_steps < 1``, a required key missing, or an entry not ``[*B, T, 1]``.
 
@@ -109,7 +109,8 @@ def boundary_nstep_targets(
     def entry(arg: str, key: NestedKey, *, flag: bool, required: bool):
         return read_entry(tensordict, arg, key, flag=flag, required=required)
 
-    next_value = entry("next_value_key", next_value_key, flag=False, required=True).detach()
+    next_value = check_floating("next_value_key", next_value_key,
+                                entry("next_value_key", next_value_key, flag=False, required=True)).detach()
     reward = entry("reward_key", reward_key, flag=False, required=True).detach().to(next_value.dtype)
     done = entry("done_key", done_key, flag=True, required=True)
     terminated = entry("terminated_key", terminated_key, flag=True, required=False)

@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
 
-from .._boundaries import read_entry, stops
+from .._boundaries import check_floating, read_entry, stops
 from .._checks import check_real
 from ..recurrent.functional import rnn_with_resets
 
@@ -109,8 +109,8 @@ def boundary_gae(
         The same ``tensordict``, updated in place.
 
     Raises:
-        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, a value or
-            the reward is not floating, or ``gamma``/``lmbda`` is not a real number.
+        TypeError: ``tensordict`` is not a TensorDict, a flag is not bool, the values
+            are not floating, or ``gamma``/``lmbda`` is not a real number.
         ValueError: no batch dimension or an empty time dimension (``T = 0``),
             ``gamma``/``lmbda`` outside ``[0, 1]``, a required key missing, or an entry
             not shaped ``[*B, T, 1]``.
@@ -155,7 +155,7 @@ def boundary_gae(
         missing = "run the critic on the next observations (tensordict['next']) first." if arg == "next_value_key" else None
         return read_entry(tensordict, arg, key, flag=flag, required=required, missing=missing)
 
-    value = entry("value_key", value_key, flag=False, required=True)
+    value = check_floating("value_key", value_key, entry("value_key", value_key, flag=False, required=True))
     next_value = entry("next_value_key", next_value_key, flag=False, required=True)
     reward = entry("reward_key", reward_key, flag=False, required=True)
     done = entry("done_key", done_key, flag=True, required=True)

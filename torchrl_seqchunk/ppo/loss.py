@@ -382,8 +382,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
         trains, count_weight = self._slots(tensordict)
         input_mask = self._input_mask(tensordict)
         real = trains if input_mask is None else trains & input_mask
-        if self.normalize_advantage and not real.all():  # standardized over the slots that train
-            tensordict = tensordict.copy().set("shifted_valid", real)
+        if self.normalize_advantage and (self.boundary_mode == "mask" or not real.all()):  # over the slots that
+            tensordict = tensordict.copy().set("shifted_valid", real)  # train, one estimator for every batch
         with self._per_slot_terms() as reduction, set_recurrent_mode(True):
             out = super().forward(tensordict)
         weight = count_weight if self.boundary_mode == "inverse_count" else None

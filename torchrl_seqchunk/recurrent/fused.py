@@ -63,8 +63,8 @@ def _weight_grads(need, x, hp, d_gates, w_ih):
     d_gi, d_gh = d_gates
     flat_gi, flat_gh = d_gi.reshape(-1, d_gi.shape[-1]), d_gh.reshape(-1, d_gh.shape[-1])
     db_ih, db_hh = flat_gi.sum(0) if need[3] else None, None
-    if need[4]:  # the LSTM's two biases get the same gradient: summed once (autograd gives each parameter its own copy)
-        db_hh = db_ih if db_ih is not None and d_gh is d_gi else flat_gh.sum(0)
+    if need[4]:  # the LSTM's two biases get the same gradient: summed once, each its own tensor
+        db_hh = db_ih.clone() if db_ih is not None and d_gh is d_gi else flat_gh.sum(0)
     return (d_gi @ w_ih if need[0] else None,
             flat_gi.T @ x.reshape(-1, x.shape[-1]) if need[1] else None,
             flat_gh.T @ hp.reshape(-1, hp.shape[-1]) if need[2] else None,
