@@ -287,10 +287,12 @@ def _structure(env: TransformedEnv, policy: nn.Module) -> tuple:
 def _canonical(device) -> torch.device:
     """``device`` with its index resolved (``"cuda"`` is the current CUDA device, ``"cpu:0"`` the CPU)."""
     device = torch.device(device)
-    if device.type == "cpu" or device.index is not None:
-        return torch.device(device.type) if device.type == "cpu" else device
-    index = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
-    return torch.device(device.type, index)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is None:
+        index = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
+        return torch.device(device.type, index)
+    return device
 
 
 def _flat(transform) -> list:
