@@ -137,6 +137,13 @@ def test_constructor_validation():
         Demo([1, 2], [0.0, 0.0], snapshots={3: b""})
     with pytest.raises(TypeError, match="numeric"):
         Demo([1], ["a"])
+    # what save could not write: refused when built, naming it
+    with pytest.raises(TypeError, match=r"snapshots\[1\] must be bytes .*got str"):
+        Demo([1, 2], [0.0, 0.0], snapshots={1: "state"})
+    with pytest.raises(TypeError, match="meta must hold JSON values .*int64"):
+        Demo([1], [0.0], meta={"reset_seed": np.int64(3)})
+    with pytest.raises(TypeError, match="meta must be a dict, got list"):
+        Demo([1], [0.0], meta=[1, 2])
 
 
 def test_numpy_integers_float_or_repeated_snapshot_steps_and_huge_actions(tmp_path):

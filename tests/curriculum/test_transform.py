@@ -87,6 +87,8 @@ def test_user_callable_restore():
     env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore=restore))
     td = reset_at(env, 5)
     assert td["observation"].tolist() == [123, 5] and td["score"].item() == demo.returns[5]
+    with pytest.raises(TypeError, match="'starting_point' must hold an integer demo step, got dtype torch.float32"):
+        env.reset(TensorDict({"starting_point": torch.tensor([2.7])}, []))
     for wrong in (lambda env, k: env.reset(seed=TOY_SEED), lambda env, k: None):  # (obs, info), nothing
         env = TransformedEnv(GymWrapper(ChainEnv()), ReverseCurriculum(demo, restore=wrong))
         with pytest.raises(TypeError, match=r"must return the observation there, got (tuple|NoneType)"):

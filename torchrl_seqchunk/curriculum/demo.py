@@ -65,8 +65,9 @@ class Demo:
         total (float): ``returns[-1]``, the demo's final score.
 
     Raises:
-        TypeError: ``actions`` is not integer, ``rewards`` not numeric, or a
-            snapshot key is not an int (Python or NumPy, not bool).
+        TypeError: ``actions`` is not integer, ``rewards`` not numeric, a
+            snapshot key is not an int (Python or NumPy, not bool) or its value not
+            bytes, or ``meta`` not a dict of JSON values.
         ValueError: arrays are not 1-D, lengths disagree, the demo is empty, an
             action is negative or above ``2**63 - 1`` (it would not fit int64),
             a reward is not finite, or a snapshot index is outside ``[0, N]``.
@@ -119,6 +120,10 @@ class Demo:
         self.snapshots = {
             check_int("a snapshots key", k, low=0, high=len(self)): blob for k, blob in (snapshots or {}).items()
         }
+        for step, blob in self.snapshots.items():
+            if not isinstance(blob, bytes):  # what save writes
+                raise TypeError(f"snapshots[{step}] must be bytes (a serialized emulator state), got "
+                                f"{type(blob).__name__}.")
         if lives is not None:
             lives = np.asarray(lives)
             if lives.shape != (len(self) + 1,) or lives.dtype.kind not in "iu":
@@ -128,7 +133,14 @@ class Demo:
                 )
             lives = lives.astype(np.int64)
         self.lives = lives
+        if not isinstance(meta, (dict, type(None))):
+            raise TypeError(f"meta must be a dict, got {type(meta).__name__}.")
         self.meta = dict(meta or {})
+        try:  # save writes it as JSON: refused now, not when saving
+            json.dumps(self.meta)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"meta must hold JSON values (str, int, float, bool, None, lists and dicts of "
+                            f"them; a NumPy scalar: call .item()): {err}") from None
 
     def __len__(self) -> int:
         return len(self.actions)

@@ -311,6 +311,9 @@ class ReverseCurriculum(Transform):
         if self.restore is not None:
             base = self._restoring_env()
             point = tensordict.get(self.starting_point_key, None)
+            if point is not None and (point.is_floating_point() or point.dtype == torch.bool):
+                raise TypeError(f"{self.starting_point_key!r} must hold an integer demo step, got dtype "
+                                f"{point.dtype} (a float would be truncated to another step).")
             k = 0 if point is None else int(point.reshape(-1)[0])
             if not 0 <= k < len(self.demo):
                 raise ValueError(
