@@ -466,6 +466,7 @@ def test_a_stream_state_from_before_rb_empty_keeps_no_step_of_the_old_data():
     rb = one_long_episode(40)
     prefetcher = ChunkPrefetcher(rb.sample, depth=2)
     next(prefetcher), next(prefetcher)
+    wait_until_full(prefetcher)  # the worker blocked on its queue, not sampling while the buffer is emptied
     state = rb.sampler.stream_state()
     rb.empty()
     done = torch.zeros(40, 1, dtype=torch.bool)
