@@ -26,7 +26,7 @@ from .policy import tensor_policy
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
-_KNOWN = (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward, TensorDictPrimer)
+_APPLIED = (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward)  # by their rules, on plain tensors
 
 
 class VectorEnvCollector:
@@ -308,7 +308,7 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
     RewardSum?, the primed keys)."""
     transforms = _flat(env.transform)
     kinds = [type(t) for t in transforms]
-    if InitTracker not in kinds and not any(isinstance(t, InitTracker) for t in transforms):
+    if not any(isinstance(t, InitTracker) for t in transforms):  # a subclass is named below
         raise ValueError("the env has no InitTracker: append InitTracker() (the episode-start flags "
                          "\"is_init\" the rollouts hold and ResetRNN resets on).")
     obs_norm = reward_scale = None
@@ -322,8 +322,9 @@ def _read_transforms(env: TransformedEnv, policy: nn.Module):
                                  "TorchRL's Collector.")
             primed.update((unravel_key(k), spec.shape) for k, spec in transform.primers.items(True, True))
             continue
-        if type(transform) not in (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward):
-            sub = " (a subclass, whose changes its rules would skip)" if isinstance(transform, _KNOWN) else ""
+        if type(transform) not in _APPLIED:
+            known = isinstance(transform, (*_APPLIED, TensorDictPrimer))
+            sub = " (a subclass, whose changes its rules would skip)" if known else ""
             raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__}{sub} on plain tensors "
                             "(it applies InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward "
                             "and the primers of the policy's ResetRNN states, by their own rules); step this env "
