@@ -371,6 +371,14 @@ def test_bad_input():
         flat[name] = flat[name].squeeze(-1)
         with pytest.raises(ValueError, match=rf"{name}_key='{name}' has shape \(5, 4\), expected \(5, 4, 1\)"):
             loss(flat)
+    # a stored log-probability [N, W, 1] beside the Categorical's [N, W]: with N == W ClipPPOLoss
+    # broadcast it to per-slot losses [N, W, W] and reduced them to a wrong number, silently
+    square = windows[:4].clone()
+    square["action_log_prob"] = square["action_log_prob"].unsqueeze(-1)
+    with pytest.raises(ValueError, match=r"loss_objective of shape \(4, 4, 4\) for windows \(4, 4\).*"
+                                         r"sample_log_prob_key='action_log_prob' of shape \(4, 4, 1\)"):
+        loss(square)
+    assert loss(windows[:4].clone())["loss_objective"].isfinite()  # as the policy writes it: accepted
 
 
 @pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])

@@ -211,8 +211,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
             without ``reset_state_key`` or reading another
             ``is_first_key`` (at construction, and in ``set_keys(is_first=...)``); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
-            entries of the wrong shape (the advantage and value target ``[N, W, 1]``), or a window whose slot 0 is not a reset
-            slot (at call time).
+            entries of the wrong shape (the advantage and value target ``[N, W, 1]``), a window whose
+            slot 0 is not a reset slot, or a stored log-probability that ClipPPOLoss broadcasts
+            against the policy's (``[N, W, 1]`` for a policy's ``[N, W]``: its per-slot losses are
+            not ``[N, W]``) (at call time).
         TypeError: a reset flag that is not bool (at call time).
 
     Examples:
@@ -389,6 +391,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
         weight = count_weight if self.boundary_mode == "inverse_count" else None
         for name in [key for key in out.keys() if key.startswith("loss_")]:
             per_slot = out.get(name)
+            if per_slot.shape != trains.shape:  # ClipPPOLoss broadcast a stored entry against the policy's
+                stored = tensordict.get(self.tensor_keys.sample_log_prob, None)
+                raise ValueError(
+                    f"ClipPPOLoss gave {name} of shape {tuple(per_slot.shape)} for windows "
+                    f"{tuple(trains.shape)}: a stored entry broadcast against the policy's output, e.g. "
+                    f"sample_log_prob_key={self.tensor_keys.sample_log_prob!r} of shape "
+                    f"{None if stored is None else tuple(stored.shape)}; store it as the "
+                    "policy writes it (a Categorical's log-probability is [N, W], without a trailing 1)."
+                )
             out.set(f"real_mean_{name[5:]}", per_slot.detach()[real].mean())
             out.set(name, _reduce_windows(per_slot, real, weight, input_mask, reduction))
         for name in ("ESS", "explained_variance"):
