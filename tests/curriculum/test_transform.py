@@ -312,6 +312,23 @@ def test_the_lag_rule_allows_float32_rewards_on_the_demos_pace():
         assert not td["truncated"].item(), td["demo_index"].item()
 
 
+def test_a_nan_reward_is_refused_where_it_would_pass_every_rule():
+    """A NaN score is never behind the demo nor as good: the episode ran on, judged by nothing."""
+    class Broken(ChainEnv):
+        nan_at = None  # the demo is recorded before the env breaks
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, float("nan") if self.t == self.nan_at else reward, terminated, truncated, info
+    demo = record_demo(Broken(), DEMO_ACTIONS, seed=TOY_SEED)
+    Broken.nan_at = 3
+    env = TransformedEnv(GymWrapper(Broken()), ReverseCurriculum(demo, restore="replay", max_lag=0))
+    td = reset_at(env, 1)
+    td = env.step(td.set("action", env.action_spec.encode(0)))["next"]  # the env's step to t = 2
+    with pytest.raises(ValueError, match=r"NaN reward \('reward'\) at the step from demo index \[2\]"):
+        env.step(td.set("action", env.action_spec.encode(0)))  # to t = 3: the NaN
+
+
 def test_seedless_replays_and_options_of_the_other_role_are_refused():
     with pytest.raises(ValueError, match="holds none .*Pass seed="):
         ReverseCurriculum(record_demo(ChainEnv(), DEMO_ACTIONS, seed=None), restore="replay")

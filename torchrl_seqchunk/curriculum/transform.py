@@ -132,7 +132,8 @@ class ReverseCurriculum(Transform):
             with a demo whose every reward is 0; ``"replay"`` with no seed (none given, none in
             the demo); ``seed``, ``snapshot_every``, ``frames_per_step``, ``max_lag``,
             ``end_on_success=False`` or ``env_reset_at_zero`` given to the assigning role only
-            (the restoring role reads them).
+            (the restoring role reads them); at a step of the restoring role, a NaN reward (no
+            rule could judge the episode's score).
         TypeError: the restoring role sits on a batched or non-gymnasium env; ``manager`` not a
             ``ResetManager``, ``seed`` not an int; ``"ale"`` on an env wrapped to change its
             observations (the restore returns the emulator's own).
@@ -356,7 +357,12 @@ class ReverseCurriculum(Transform):
 
     def _track(self, tensordict, next_tensordict) -> None:
         returns = self._returns.to(next_tensordict.device)
-        score = tensordict.get(self.score_key) + next_tensordict.get(self.reward_key).double()
+        reward = next_tensordict.get(self.reward_key)
+        if reward.isnan().any():  # a NaN score passes no rule: the episode would never be cut nor succeed
+            raise ValueError(f"the env returned a NaN reward ({self.reward_key!r}) at the step from demo index "
+                             f"{tensordict.get(self.demo_index_key)[reward.isnan()].tolist()}; the lag and "
+                             "success rules compare scores: mend the env (or a transform before this one).")
+        score = tensordict.get(self.score_key) + reward.double()
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)
         if self.end_on_success and self.success == "score":  # "goal": termination ends it
