@@ -445,3 +445,79 @@ def test_plain_tensor_rules_refuse_masks_and_states_of_the_wrong_kind():
     for state in (h, (h, h, h), (h[:3], h[:3])):  # a bare tensor, 3 entries for (h, c), 3 rows for 4
         with pytest.raises(ValueError, match="tuple of 2 tensors"):
             lstm.step(x, state, torch.zeros(4))
+
+
+def agent_collector(seed: int, *, env_seed: int = 0, **kwargs):
+    """The main job's agent and acting env (observation and return statistics, two ResetRNNs)."""
+    cfg = Config(num_envs=3, rollout_len=8, max_episode_steps=15, progress=False)
+    torch.manual_seed(seed)
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
+    return VectorEnvCollector(make_acting_env(cfg, rnns, env_seed), TensorDictSequential(actor, critic),
+                              frames_per_batch=24, **kwargs)
+
+
+def test_set_seed_after_building_is_seeding_before():
+    # TorchRL's Collector.set_seed would keep its observation from before the seed (the env's
+    # next step starts elsewhere); here the envs give the episodes of a collector built on the
+    # env seeded the same way
+    policy = TensorDictModule(sample_action, ["observation"], ["action"])
+    make_env = short_cartpole(lambda: [InitTracker(), RewardSum()])
+    seeded_before = VectorEnvCollector(make_env(), policy, frames_per_batch=12)
+    seeded_before.env.set_seed(4)
+    seeded_before.reset()
+    torch.manual_seed(1)
+    want = [seeded_before.rollout() for _ in range(2)]
+    seeded_after = VectorEnvCollector(make_env(), policy, frames_per_batch=12)
+    seeded_after.rollout()
+    with pytest.warns(UserWarning, match="starts every env anew"):
+        assert seeded_after.set_seed(4) == make_env().set_seed(4)  # the same next seed
+    torch.manual_seed(1)
+    got = [seeded_after.rollout() for _ in range(2)]
+    for mine, theirs in zip(got, want):
+        for key in theirs.keys(True, True):
+            if key != ("collector", "traj_ids"):  # numbered on from the ids used before the seed
+                assert torch.equal(mine[key], theirs[key]), key
+    assert got[0]["is_init"][:, 0].all() and got[0]["done"].sum() == 0
+    assert torch.equal(got[0]["collector", "traj_ids"] - got[0]["collector", "traj_ids"][0, 0],
+                       want[0]["collector", "traj_ids"] - want[0]["collector", "traj_ids"][0, 0])
+
+
+def test_a_loaded_state_goes_on_from_the_saved_one():
+    saved = agent_collector(0, total_frames=96)
+    for _ in zip(range(2), saved):
+        pass
+    state = saved.state_dict()
+    assert state["frames"] == 48 and state["next_traj_id"] == saved._next_traj > 3
+    loaded = agent_collector(1, env_seed=3, total_frames=96)  # other weights, statistics and envs
+    reference = agent_collector(1, env_seed=3).env  # the same env, reset once as at building
+    with pytest.warns(UserWarning, match="starts every env anew"):
+        loaded.load_state_dict(state)
+    assert (TensorDict.from_module(loaded.policy) == TensorDict.from_module(saved.policy)).all()
+    # the env starts anew, its first observation normalized by the loaded statistics
+    reference.transform.load_state_dict(state["env_state_dict"])
+    first = reference.reset()
+    rollout = next(iter(loaded))
+    assert torch.equal(rollout["observation"][:, 0], first["observation"])
+    assert rollout["collector", "traj_ids"][:, 0].tolist() == list(range(state["next_traj_id"], state["next_traj_id"] + 3))
+    assert loaded.frames == 72 and len(list(loaded)) == 1  # counted on from the saved 48: 96 in all
+    with pytest.raises(KeyError, match=r"lacks \['next_traj_id'\]"):
+        loaded.load_state_dict({k: v for k, v in state.items() if k != "next_traj_id"})
+
+
+@pytest.mark.filterwarnings("ignore:split_trajs=True produces:UserWarning")  # TorchRL's advice on the layout
+def test_endless_collectors_and_split_trajectories_as_the_collectors():
+    for endless in (None, -1, -5):
+        collector = VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=endless)
+        assert len(list(zip(range(30), collector))) == 30
+    with pytest.raises(ValueError, match="total_frames must be positive, or negative or None"):
+        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
+    make_env = short_cartpole(lambda: [InitTracker(), RewardSum()])
+    out = []
+    for kind in (Collector, VectorEnvCollector):
+        torch.manual_seed(0)
+        out.append(list(kind(make_env(), TensorDictModule(sample_action, ["observation"], ["action"]),
+                             frames_per_batch=12, total_frames=24, split_trajs=True)))
+    for theirs, mine in zip(*out):
+        assert mine.batch_size == theirs.batch_size and mine.batch_size[0] > 3  # episodes of at most 3 steps
+        for key in theirs.keys(True, True):
+            assert torch.equal(mine[key], theirs[key]), key

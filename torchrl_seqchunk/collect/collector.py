@@ -9,24 +9,24 @@ on plain tensors, and builds one TensorDict per rollout, the ``Collector``'s.
 """
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 from torch import nn
-from torchrl.data import Bounded, Unbounded
-from torchrl.envs import Compose, InitTracker, RewardSum, TensorDictPrimer, TransformedEnv
+from torchrl.collectors.utils import split_trajectories
+from torchrl.envs import TransformedEnv
 
 from .._checks import check_int
 from ..envs import SyncVectorGymWrapper
-from ..recurrent.module import ResetRNN
-from ..reward_norm import ReturnScaledReward, RunningObservationNorm
+from .accepted import canonical, check_base, read_transforms, structure
 from .policy import tensor_policy
 
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
-_APPLIED = (InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward)  # by their rules, on plain tensors
 
 
 class VectorEnvCollector:
@@ -52,7 +52,9 @@ class VectorEnvCollector:
         else is refused when it is built), and the policy through :func:`tensor_policy` (plain
         tensors where it can, the module itself on a TensorDict of the step's entries elsewhere,
         e.g. TorchRL's ``QValueModule`` and ``EGreedyModule``), under ``torch.no_grad`` with
-        TorchRL's random interaction mode (its default).
+        TorchRL's random interaction mode (its default). Its ``set_seed`` and
+        ``load_state_dict`` start every env anew, where the ``Collector``'s keep the episodes in
+        flight (see each; a warning says so).
 
     Args:
         env (TransformedEnv): a ``TransformedEnv`` over a ``SyncVectorGymWrapper`` (batch
@@ -66,10 +68,13 @@ class VectorEnvCollector:
 
     Keyword Args:
         frames_per_batch (int): frames per rollout, a multiple of ``N`` (``T = frames_per_batch // N``).
-        total_frames (int): frames in all; iteration stops once they are collected (whole
-            rollouts); ``-1``: never. Default ``-1``.
+        total_frames (int or None): frames in all; iteration stops once they are collected
+            (whole rollouts); negative or ``None``: never, as in TorchRL. Default ``-1``.
         device (torch.device or str): where the policy runs and the rollouts are stored (the env
             and its transforms' rules run on the CPU). Default ``"cpu"``.
+        split_trajs (bool): yield each rollout split by trajectory (TorchRL's
+            ``split_trajectories``: ``[trajectories, T]``, zero-padded, with a ``("collector",
+            "mask")``), as the ``Collector``'s option. Default ``False``.
 
     Raises:
         TypeError: ``env`` not such a ``TransformedEnv``, another transform, a policy
@@ -78,8 +83,7 @@ class VectorEnvCollector:
             wrapper built with ``frame_skip`` or given an info dict reader; no ``InitTracker``,
             a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
-            ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` neither
-            ``-1`` nor positive; the policy's parameters on another device than ``device``; at a
+            ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` 0; the policy's parameters on another device than ``device``; at a
             step, a policy that writes no ``"action"``; at a rollout, transforms or policy
             modules (or their hooks) changed since it was built. A subclass of the transforms
             above is a TypeError (their rules here would skip its changes).
@@ -99,41 +103,35 @@ class VectorEnvCollector:
         [torch.Size([4, 16]), torch.Size([4, 16])]
     """
 
-    def __init__(self, env: TransformedEnv, policy: nn.Module, *, frames_per_batch: int, total_frames: int = -1,
-                 device="cpu"):
+    def __init__(self, env: TransformedEnv, policy: nn.Module, *, frames_per_batch: int, total_frames: int | None = -1,
+                 device="cpu", split_trajs: bool = False):
         if not isinstance(env, TransformedEnv) or not isinstance(env.base_env, SyncVectorGymWrapper):
             raise TypeError(f"env must be a TransformedEnv over a SyncVectorGymWrapper (make_vector_env), got "
                             f"{type(env).__name__}; step other envs with TorchRL's Collector.")
-        _check_base(env.base_env)
+        check_base(env.base_env)
         self.env, self.device = env, torch.device("cpu" if device is None else device)
         self.num_envs = env.batch_size[0] if env.batch_dims == 1 else 0
         check_int("frames_per_batch", frames_per_batch, low=1)
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
-        if check_int("total_frames", total_frames, low=-1) == 0:
-            raise ValueError("total_frames must be -1 (never stop) or positive, got 0.")
-        self.frames_per_batch, self.total_frames = frames_per_batch, total_frames
+        if total_frames is not None and check_int("total_frames", total_frames) == 0:
+            raise ValueError("total_frames must be positive, or negative or None (never stop), got 0.")
+        self.frames_per_batch = frames_per_batch
+        self.total_frames = None if total_frames is None or total_frames < 0 else total_frames
+        self.split_trajs = bool(split_trajs)
         self._steps = frames_per_batch // self.num_envs
-        devices = {_canonical(p.device) for p in policy.parameters()} - {_canonical(self.device)}
+        devices = {canonical(p.device) for p in policy.parameters()} - {canonical(self.device)}
         if devices:
             raise ValueError(f"the policy's parameters are on {sorted(map(str, devices))} but device={str(self.device)!r}: "
                              "move the policy there (policy.to(device)) or pass the device it is on.")
-        self._obs_norm, self._reward_scale, self._reward_sum, self._primed = _read_transforms(env, policy)
+        self._obs_norm, self._reward_scale, self._reward_sum, self._primed = read_transforms(env, policy)
         self._act = tensor_policy(policy)
-        self.policy, self._built = policy, _structure(env, policy)
+        self.policy, self._built = policy, structure(env, policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
-        self.frames = 0
-        first = env.reset()  # through TorchRL once: the same first observation and statistics
-        flag = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
-        self._root = {"observation": first["observation"].to(self.device), "is_init": ~flag,
-                      **{name: flag for name in _FLAGS}}
-        if self._reward_sum:
-            self._root["episode_reward"] = torch.zeros(self.num_envs, 1, device=self.device)
-        self._carried = {key: first[key].to(self.device) for key in self._primed}  # the primers' zeros
-        self._traj_ids = torch.arange(self.num_envs, device=self.device)
-        self._next_traj = self.num_envs
+        self.frames, self._next_traj = 0, 0
+        self.reset()  # through TorchRL once: the same first observation and statistics
         if _collector_probes(policy):  # as the Collector calls it when built: the same draws from torch's
             # generator (none where the modules' default interaction type is deterministic), the same in-place changes
             with torch.no_grad():
@@ -141,15 +139,72 @@ class VectorEnvCollector:
                                   batch_size=[self.num_envs], device=self.device))
 
     def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.total_frames == -1 or self.frames < self.total_frames:
+        while self.total_frames is None or self.frames < self.total_frames:
             rollout = self.rollout()
             self.frames += rollout.numel()
-            yield rollout
+            yield split_trajectories(rollout, prefix="collector") if self.split_trajs else rollout
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Starts every env anew, as the ``Collector``'s ``reset()``: the env's reset through its
+        transforms, the primed entries' zeros, a new trajectory id for each env."""
+        first = self.env.reset()
+        flag = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
+        self._root = {"observation": first["observation"].to(self.device), "is_init": ~flag,
+                      **{name: flag for name in _FLAGS}}
+        if self._reward_sum:
+            self._root["episode_reward"] = torch.zeros(self.num_envs, 1, device=self.device)
+        self._carried = {key: first[key].to(self.device) for key in self._primed}  # the primers' zeros
+        self._traj_ids = torch.arange(self._next_traj, self._next_traj + self.num_envs, device=self.device)
+        self._next_traj += self.num_envs
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the env (``env.set_seed``: env ``i`` gets the ``i``-th seed of TorchRL's chain) and
+        starts every env anew from the seeded reset (:meth:`reset`); returns the next seed.
+
+        The rollouts that follow are those of a collector built on the env seeded the same way.
+        TorchRL's ``Collector.set_seed`` seeds the env (which resets it) but keeps the
+        observation it held before, so its next step starts from an observation that is not
+        the env's; this collector starts from the env's (a warning says so).
+        """
+        out = self.env.set_seed(seed, static_seed=static_seed)
+        warnings.warn("VectorEnvCollector.set_seed starts every env anew from the seeded reset, where "
+                      "TorchRL's Collector.set_seed keeps its observation from before the seed.", stacklevel=2)
+        self.reset()
+        return out
+
+    def state_dict(self) -> OrderedDict:
+        """The ``Collector``'s state: ``"policy_state_dict"``, ``"env_state_dict"`` (the env's
+        transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``."""
+        return OrderedDict(policy_state_dict=self.policy.state_dict(), env_state_dict=self.env.transform.state_dict(),
+                           frames=self.frames, next_traj_id=self._next_traj)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads :meth:`state_dict`'s output and starts every env anew (:meth:`reset`), its
+        observation normalized by the loaded statistics.
+
+        TorchRL's ``Collector`` goes on with the episodes in flight under new trajectory ids;
+        they were normalized by the statistics before the load, so this collector starts new
+        ones (a warning says so).
+
+        Raises:
+            KeyError: an entry of :meth:`state_dict` missing (a ``Collector``'s state lacks
+                ``"next_traj_id"``). Those of ``nn.Module.load_state_dict`` (strict).
+        """
+        missing = [key for key in self.state_dict() if key not in state_dict]
+        if missing:
+            raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() returned.")
+        self.policy.load_state_dict(state_dict["policy_state_dict"])
+        self.env.transform.load_state_dict(state_dict["env_state_dict"])
+        self.frames, self._next_traj = int(state_dict["frames"]), int(state_dict["next_traj_id"])
+        warnings.warn("VectorEnvCollector.load_state_dict starts every env anew, where TorchRL's Collector "
+                      "goes on with the episodes in flight.", stacklevel=2)
+        self.reset()
 
     @torch.no_grad()
     def rollout(self) -> TensorDictBase:
         """One rollout ``[N, T]``, going on from where the previous one stopped."""
-        if _structure(self.env, self.policy) != self._built:
+        if structure(self.env, self.policy) != self._built:
             raise ValueError("the env's transforms or the policy's modules (or their hooks) changed since the "
                              "VectorEnvCollector was built, which runs them as they were then: build a new one.")
         steps = []
@@ -245,25 +300,6 @@ class VectorEnvCollector:
         self.env.close()
 
 
-def _check_base(base: SyncVectorGymWrapper) -> None:
-    """Refuses a wrapper whose TorchRL step does more than one gymnasium step read as one array
-    "observation": frame skipping, info dict readers, other observation entries (pixels, a dict
-    space) or a one-hot / categorical observation (TorchRL encodes it, the plain step would not)."""
-    if base.wrapper_frame_skip != 1:
-        raise ValueError(f"the SyncVectorGymWrapper was built with frame_skip={base.wrapper_frame_skip}, which "
-                         "VectorEnvCollector does not apply (it steps each env once per action); skip frames "
-                         "in the gymnasium envs (a wrapper) or step this env with TorchRL's Collector.")
-    if base.info_dict_reader:
-        raise ValueError("the SyncVectorGymWrapper has an info dict reader, whose keys VectorEnvCollector does "
-                         "not read; step this env with TorchRL's Collector.")
-    keys = list(base.observation_spec.keys(True, True))
-    if keys != ["observation"] or not isinstance(base.observation_spec["observation"], (Bounded, Unbounded)):
-        raise TypeError(f"VectorEnvCollector reads one Box observation into \"observation\"; this env's "
-                        f"observation spec is {[(str(k), type(base.observation_spec[k]).__name__) for k in keys]} "
-                        "(flatten or encode the observation in the gymnasium envs, as make_vector_env does, or "
-                        "step this env with TorchRL's Collector).")
-
-
 def _collector_probes(policy: nn.Module) -> bool:
     """Whether TorchRL's ``Collector`` (its default buffers) calls the policy once when it is built, on
     the first step's entries, to learn its outputs: a policy without a complete ``spec``, or whose
@@ -272,94 +308,6 @@ def _collector_probes(policy: nn.Module) -> bool:
     if spec is None or any(value is None for value in spec.values(True, True)):
         return True
     return any(unravel_key(key) not in set(spec.keys(True, True)) for key in getattr(policy, "out_keys", ()))
-
-
-def _structure(env: TransformedEnv, policy: nn.Module) -> tuple:
-    """What the collector reads when built: the env's transforms and the policy's modules (their
-    inner modules and hooks), by identity."""
-    modules = tuple((id(m), id(getattr(m, "module", None)), len(m._forward_hooks),
-                     sum(getattr(hook, "__name__", "") != "_infer_parameters"  # a lazy module's own, removed when it
-                         for hook in m._forward_pre_hooks.values()))        # first runs
-                    for m in policy.modules())
-    return tuple(map(id, _flat(env.transform))), modules
-
-
-def _canonical(device) -> torch.device:
-    """``device`` with its index resolved (``"cuda"`` is the current CUDA device, ``"cpu:0"`` the CPU)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return torch.device("cpu")
-    if device.index is None:
-        index = torch.cuda.current_device() if device.type == "cuda" and torch.cuda.is_available() else 0
-        return torch.device(device.type, index)
-    return device
-
-
-def _flat(transform) -> list:
-    """A transform, or a Compose of them (nested too), as a flat list."""
-    if isinstance(transform, Compose):
-        return [leaf for t in transform for leaf in _flat(t)]
-    return [transform]
-
-
-def _read_transforms(env: TransformedEnv, policy: nn.Module):
-    """The env's transforms, checked: each known, with its default keys, once; the primers those
-    of the policy's ResetRNN states among them. Returns (RunningObservationNorm, ReturnScaledReward,
-    RewardSum?, the primed keys)."""
-    transforms = _flat(env.transform)
-    kinds = [type(t) for t in transforms]
-    if not any(isinstance(t, InitTracker) for t in transforms):  # a subclass is named below
-        raise ValueError("the env has no InitTracker: append InitTracker() (the episode-start flags "
-                         "\"is_init\" the rollouts hold and ResetRNN resets on).")
-    obs_norm = reward_scale = None
-    primed: dict = {}
-    for transform in transforms:
-        if type(transform) is TensorDictPrimer:
-            if transform.random or any(not isinstance(v, (int, float)) or v != 0
-                                       for v in transform.default_value.values()):
-                raise ValueError("a TensorDictPrimer with random=True or a default_value other than 0: "
-                                 "VectorEnvCollector resets primed entries to zeros; step this env with "
-                                 "TorchRL's Collector.")
-            primed.update((unravel_key(k), spec.shape) for k, spec in transform.primers.items(True, True))
-            continue
-        if type(transform) not in _APPLIED:
-            known = isinstance(transform, (*_APPLIED, TensorDictPrimer))
-            sub = " (a subclass, whose changes its rules would skip)" if known else ""
-            raise TypeError(f"VectorEnvCollector cannot apply {type(transform).__name__}{sub} on plain tensors "
-                            "(it applies InitTracker, RewardSum, RunningObservationNorm, ReturnScaledReward "
-                            "and the primers of the policy's ResetRNN states, by their own rules); step this env "
-                            "with TorchRL's Collector.")
-        if kinds.count(type(transform)) > 1:
-            raise ValueError(f"the env applies {type(transform).__name__} more than once; VectorEnvCollector "
-                             "applies each transform once: keep one.")
-        if isinstance(transform, InitTracker):
-            ok = transform.init_key == "is_init"
-        elif isinstance(transform, RewardSum):
-            ok = list(transform.in_keys) == ["reward"] and list(transform.out_keys) == ["episode_reward"]
-        elif isinstance(transform, RunningObservationNorm):
-            ok, obs_norm = transform.key == "observation", transform
-        else:
-            if RewardSum in kinds[kinds.index(ReturnScaledReward):]:
-                raise ValueError("ReturnScaledReward comes before RewardSum: the episode return would sum "
-                                 "scaled rewards; put RewardSum first, as TorchRL's chain reads them.")
-            ok, reward_scale = (transform.reward_key, transform.done_key) == ("reward", "done"), transform
-        if not ok:
-            raise ValueError(f"{type(transform).__name__} reads or writes other keys than the defaults "
-                             "(observation, reward, done, is_init, episode_reward) VectorEnvCollector "
-                             "uses; build it with its default keys.")
-    _check_primers(primed, policy)
-    return obs_norm, reward_scale, RewardSum in kinds, list(primed)
-
-
-def _check_primers(primed: dict, policy: nn.Module) -> None:
-    """Every ResetRNN state of the policy has a primer of its shape."""
-    states = {key: shape for rnn in policy.modules() if isinstance(rnn, ResetRNN)
-              for key, shape in zip(rnn.state_keys, rnn.state_shapes)}
-    for key, shape in states.items():
-        if key not in primed or tuple(primed[key][len(primed[key]) - len(shape):]) != tuple(shape):
-            raise ValueError(f"the policy's ResetRNN state {key!r} {list(shape)} has no primer of that shape in "
-                             "the env: append rnn.make_tensordict_primer() for each ResetRNN (TorchRL's Collector "
-                             "needs it too).")
 
 
 def _is_next(key) -> bool:
