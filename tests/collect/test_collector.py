@@ -506,11 +506,14 @@ def test_a_loaded_state_goes_on_from_the_saved_one():
 
 @pytest.mark.filterwarnings("ignore:split_trajs=True produces:UserWarning")  # TorchRL's advice on the layout
 def test_endless_collectors_and_split_trajectories_as_the_collectors():
-    for endless in (None, -1, -5):
+    for endless in (None, -1, -5, float("inf")):
         collector = VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=endless)
         assert len(list(zip(range(30), collector))) == 30
     with pytest.raises(ValueError, match="total_frames must be positive, or negative or None"):
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
+    assert len(list(VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=1.2e1))) == 3
+    with pytest.raises(TypeError, match="total_frames must be an int"):
+        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=12.5)
     make_env = short_cartpole(lambda: [InitTracker(), RewardSum()])
     out = []
     for kind in (Collector, VectorEnvCollector):

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
 from tensordict.nn import (
+    NormalParamExtractor,
     ProbabilisticTensorDictModule,
     ProbabilisticTensorDictSequential,
     TensorDictModule,
@@ -12,6 +13,7 @@ from tensordict.nn import (
 )
 from torch import nn
 from torchrl.modules import set_recurrent_mode
+from torchrl.objectives import ClipPPOLoss
 
 from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows, slot_weights
 
@@ -371,13 +373,14 @@ def test_bad_input():
         flat[name] = flat[name].squeeze(-1)
         with pytest.raises(ValueError, match=rf"{name}_key='{name}' has shape \(5, 4\), expected \(5, 4, 1\)"):
             loss(flat)
-    # a stored log-probability [N, W, 1] beside the Categorical's [N, W]: with N == W ClipPPOLoss
-    # broadcast it to per-slot losses [N, W, W] and reduced them to a wrong number, silently
-    square = windows[:4].clone()
-    square["action_log_prob"] = square["action_log_prob"].unsqueeze(-1)
-    with pytest.raises(ValueError, match=r"loss_objective of shape \(4, 4, 4\) for windows \(4, 4\).*"
-                                         r"sample_log_prob_key='action_log_prob' of shape \(4, 4, 1\)"):
-        loss(square)
+    # a stored log-probability [N, W, 1] beside the Categorical's [N, W]: ClipPPOLoss broadcast it
+    # to per-slot losses [N, W, W] where N == W (a wrong loss, silently), a deep error elsewhere
+    for rows in (4, 5):
+        trailing = windows[:rows].clone()
+        trailing["action_log_prob"] = trailing["action_log_prob"].unsqueeze(-1)
+        with pytest.raises(ValueError, match=rf"sample_log_prob_key='action_log_prob' has shape \({rows}, 4, 1\) "
+                                             rf"beside the action's \({rows}, 4\)"):
+            loss(trailing)
     assert loss(windows[:4].clone())["loss_objective"].isfinite()  # as the policy writes it: accepted
 
 
@@ -492,3 +495,46 @@ def test_torchrl_loss_mask_drops_slots(mode):
         expected = (ref[name] * weight * kept).sum() / (weight * valid).sum()
         torch.testing.assert_close(out[f"loss_{name}"], expected, atol=1e-5, rtol=1e-5)
     assert out["real_slots"].item() == kept.sum().item()
+
+
+def elementwise_normal_agent():
+    """A Normal policy not made Independent: its log-probability is the action's shape [N, W, 1]."""
+    actor = ProbabilisticTensorDictSequential(
+        TensorDictModule(nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()), ["obs"], ["loc", "scale"]),
+        ProbabilisticTensorDictModule(["loc", "scale"], ["action"], distribution_class=torch.distributions.Normal,
+                                      return_log_prob=True))
+    return actor, TensorDictModule(nn.Linear(3, 1), ["obs"], ["state_value"])
+
+
+def normal_windows(rows, width, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    windows = TensorDict({"obs": torch.randn(rows, width, 3, generator=generator),
+                          "advantage": torch.randn(rows, width, 1, generator=generator),
+                          "value_target": torch.randn(rows, width, 1, generator=generator),
+                          "is_first": torch.zeros(rows, width, 1, dtype=torch.bool),
+                          "count_weight": torch.ones(rows, width, 1)}, [rows, width])
+    windows["is_first"][:, 0] = True
+    return windows
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_an_element_wise_distribution_is_the_clip_ppo_loss(reduction):
+    # every slot trains (no reset inside a window) and the networks carry no memory: the loss
+    # is TorchRL's ClipPPOLoss on the same batch, whose terms are per action element
+    torch.manual_seed(0)
+    actor, critic = elementwise_normal_agent()
+    windows = normal_windows(6, 4)
+    with torch.no_grad():
+        actor(windows)  # the stored action and its log-probability [6, 4, 1]
+        windows["action_log_prob"] = windows["action_log_prob"] + 0.1 * torch.randn(6, 4, 1)  # ratios off 1
+    ours = RecurrentPPOLoss(actor, critic, reduction=reduction, entropy_coeff=0.01)(windows.clone())
+    theirs = ClipPPOLoss(actor, critic, reduction=reduction, entropy_coeff=0.01)(windows.clone())
+    for name in ("loss_objective", "loss_critic", "loss_entropy"):
+        torch.testing.assert_close(ours[name], theirs[name])
+    # a stored [N, W] beside the policy's [N, W, 1]: broadcast to [N, W, W] where N == W
+    square = normal_windows(4, 4)
+    with torch.no_grad():
+        actor(square)
+    square["action_log_prob"] = square["action_log_prob"].squeeze(-1)
+    with pytest.raises(ValueError, match=r"ClipPPOLoss gave loss_objective of shape \(4, 4, 4\) for windows \(4, 4\)"):
+        RecurrentPPOLoss(actor, critic, reduction=reduction)(square)

@@ -69,7 +69,8 @@ class VectorEnvCollector:
     Keyword Args:
         frames_per_batch (int): frames per rollout, a multiple of ``N`` (``T = frames_per_batch // N``).
         total_frames (int or None): frames in all; iteration stops once they are collected
-            (whole rollouts); negative or ``None``: never, as in TorchRL. Default ``-1``.
+            (whole rollouts); negative, ``None`` or ``float("inf")``: never, as in TorchRL (a
+            whole float such as ``1e5`` is read as an int). Default ``-1``.
         device (torch.device or str): where the policy runs and the rollouts are stored (the env
             and its transforms' rules run on the CPU). Default ``"cpu"``.
         split_trajs (bool): yield each rollout split by trajectory (TorchRL's
@@ -83,9 +84,10 @@ class VectorEnvCollector:
             wrapper built with ``frame_skip`` or given an info dict reader; no ``InitTracker``,
             a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
-            ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` 0; the policy's parameters on another device than ``device``; at a
-            step, a policy that writes no ``"action"``; at a rollout, transforms or policy
-            modules (or their hooks) changed since it was built. A subclass of the transforms
+            ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` 0 (a
+            fractional float is a TypeError); the policy's parameters on another device than
+            ``device``; at a step, a policy that writes no ``"action"``; at a rollout,
+            transforms or policy modules (or their hooks) changed since it was built. A subclass of the transforms
             above is a TypeError (their rules here would skip its changes).
 
     Examples:
@@ -115,6 +117,8 @@ class VectorEnvCollector:
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
+        if isinstance(total_frames, float) and (total_frames == float("inf") or total_frames.is_integer()):
+            total_frames = None if total_frames == float("inf") else int(total_frames)  # as TorchRL reads them
         if total_frames is not None and check_int("total_frames", total_frames) == 0:
             raise ValueError("total_frames must be positive, or negative or None (never stop), got 0.")
         self.frames_per_batch = frames_per_batch
@@ -175,7 +179,9 @@ class VectorEnvCollector:
 
     def state_dict(self) -> OrderedDict:
         """The ``Collector``'s state: ``"policy_state_dict"``, ``"env_state_dict"`` (the env's
-        transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``."""
+        transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``.
+        Its tensors are the live ones, as ``nn.Module.state_dict``'s: save it (``torch.save``)
+        or deep-copy it before collecting on."""
         return OrderedDict(policy_state_dict=self.policy.state_dict(), env_state_dict=self.env.transform.state_dict(),
                            frames=self.frames, next_traj_id=self._next_traj)
 

@@ -360,8 +360,9 @@ class ReverseCurriculum(Transform):
         reward = next_tensordict.get(self.reward_key)
         if reward.isnan().any():  # a NaN score passes no rule: the episode would never be cut nor succeed
             raise ValueError(f"the env returned a NaN reward ({self.reward_key!r}) at the step from demo index "
-                             f"{tensordict.get(self.demo_index_key)[reward.isnan()].tolist()}; the lag and "
-                             "success rules compare scores: mend the env (or a transform before this one).")
+                             f"{tensordict.get(self.demo_index_key)[reward.isnan()].tolist()}: the score it records "
+                             "(read by the lag and success rules here and by a manager's) would be NaN; mend "
+                             "the env (or a transform before this one).")
         score = tensordict.get(self.score_key) + reward.double()
         index = tensordict.get(self.demo_index_key) + self.frames_per_step
         end = torch.zeros_like(score, dtype=torch.bool)

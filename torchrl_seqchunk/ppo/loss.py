@@ -182,7 +182,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
         the slots that train (as sb3-contrib's ``RecurrentPPO`` leaves out its padding), given to
         TorchRL as its ``"shifted_valid"`` mask. A dropped slot's inputs must still be
         finite (a NaN advantage, target or log-probability there makes the gradients NaN,
-        as in TorchRL's ``ClipPPOLoss``). :attr:`in_keys` is sorted.
+        as in TorchRL's ``ClipPPOLoss``). An element-wise distribution (a ``Normal`` not made
+        ``Independent``: log-probability ``[N, W, A]``) gives terms per action element; each
+        slot's are averaged over them (summed with ``reduction="sum"``), which with every slot
+        kept is ClipPPOLoss's own reduction. :attr:`in_keys` is sorted.
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
@@ -212,9 +215,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``is_first_key`` (at construction, and in ``set_keys(is_first=...)``); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
             entries of the wrong shape (the advantage and value target ``[N, W, 1]``), a window whose
-            slot 0 is not a reset slot, or a stored log-probability that ClipPPOLoss broadcasts
-            against the policy's (``[N, W, 1]`` for a policy's ``[N, W]``: its per-slot losses are
-            not ``[N, W]``) (at call time).
+            slot 0 is not a reset slot, a stored log-probability neither ``[N, W]`` nor the
+            action's shape (a trailing 1 beside a Categorical's ``[N, W]``), or per-slot losses
+            that are not ``[N, W]`` (ClipPPOLoss broadcast a stored entry against the policy's)
+            (at call time).
         TypeError: a reset flag that is not bool (at call time).
 
     Examples:
@@ -372,6 +376,24 @@ class RecurrentPPOLoss(ClipPPOLoss):
         count_weight = self._window_entry(tensordict, "count_weight")
         return _trained_slots(is_first, self.boundary_mode), count_weight
 
+    def _log_prob_event(self, tensordict: TensorDictBase) -> tuple | None:
+        """The stored log-probability's dims after ``[N, W]``: none, or the action's for an
+        element-wise distribution (a ``Normal`` not made ``Independent``); ``None`` where it is
+        not one tensor (a composite policy's, per head)."""
+        stored = tensordict.get(self.tensor_keys.sample_log_prob, None)
+        if not isinstance(stored, torch.Tensor):
+            return None
+        event, action = tuple(stored.shape[2:]), tensordict.get(self.tensor_keys.action, None)
+        if event and not (isinstance(action, torch.Tensor) and event == tuple(action.shape[2:])):
+            raise ValueError(
+                f"sample_log_prob_key={self.tensor_keys.sample_log_prob!r} has shape {tuple(stored.shape)} "
+                f"beside the action's {None if action is None else tuple(action.shape)}: a policy's "
+                "log-probability is [N, W] (Categorical, TanhNormal, an Independent distribution), or "
+                "the action's shape for an element-wise one; store it as the policy writes it (ClipPPOLoss "
+                "would broadcast a trailing 1 against the policy's [N, W])."
+            )
+        return event
+
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Clipped PPO losses of windows ``[N, W]``, reduced once by ``boundary_mode``.
@@ -382,6 +404,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         ``"real_mean_<name>"`` for every ``"loss_<name>"``.
         """
         trains, count_weight = self._slots(tensordict)
+        event = self._log_prob_event(tensordict)
         input_mask = self._input_mask(tensordict)
         real = trains if input_mask is None else trains & input_mask
         if self.normalize_advantage and (self.boundary_mode == "mask" or not real.all()):  # over the slots that
@@ -391,15 +414,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
         weight = count_weight if self.boundary_mode == "inverse_count" else None
         for name in [key for key in out.keys() if key.startswith("loss_")]:
             per_slot = out.get(name)
-            if per_slot.shape != trains.shape:  # ClipPPOLoss broadcast a stored entry against the policy's
-                stored = tensordict.get(self.tensor_keys.sample_log_prob, None)
-                raise ValueError(
+            if per_slot.shape[:2] != trains.shape or (event is not None and per_slot.shape[2:] not in ((), event)):
+                raise ValueError(  # ClipPPOLoss broadcast a stored entry against the policy's
                     f"ClipPPOLoss gave {name} of shape {tuple(per_slot.shape)} for windows "
                     f"{tuple(trains.shape)}: a stored entry broadcast against the policy's output, e.g. "
                     f"sample_log_prob_key={self.tensor_keys.sample_log_prob!r} of shape "
-                    f"{None if stored is None else tuple(stored.shape)}; store it as the "
-                    "policy writes it (a Categorical's log-probability is [N, W], without a trailing 1)."
+                    f"{(*trains.shape, *event)}; store it as the policy writes it."
                 )
+            if per_slot.dim() > 2:  # an element-wise distribution's terms [N, W, *action]: one per slot
+                per_slot = per_slot.flatten(2).sum(-1) if reduction == "sum" else per_slot.flatten(2).mean(-1)
             out.set(f"real_mean_{name[5:]}", per_slot.detach()[real].mean())
             out.set(name, _reduce_windows(per_slot, real, weight, input_mask, reduction))
         for name in ("ESS", "explained_variance"):
