@@ -91,6 +91,10 @@ class ReverseCurriculum(Transform):
             their first restore they compare the demo's ``meta["env_spec"]``
             with the env (``"ale"`` ignores ``frameskip``; a demo without it
             gets a warning) and check its actions against the env's action space.
+            ``"replay"`` steps the env itself, so a gymnasium ``TimeLimit`` counts the
+            replayed steps (an episode from point ``k`` has ``max_episode_steps - k`` left, as
+            in the demo's own episode); ``"ale"`` sets the emulator's state, which no wrapper
+            counts (the full limit from every point).
             Defaults to ``None`` (no restoring role).
         seed (int, optional): reset seed of the replays. Defaults to ``demo.seed``.
         snapshot_every (int): ``"ale"`` cache stride in frames. Defaults to ``100``.
