@@ -29,7 +29,9 @@ def next_values(critic, rollout: TensorDictBase) -> torch.Tensor:
 def add_advantages(cfg, critic, rollout: TensorDictBase, *, standardize: bool = False) -> TensorDictBase:
     """Writes "advantage" and "value_target" into a rollout [num_envs, T] (advantages
     standardized over the rollout with ``standardize`` or ``cfg.advantage_std_floor``, by
-    their std or that floor, whichever is larger) and returns it."""
+    their std or that floor, whichever is larger) and returns it. Every step counts, also
+    those that ``--boundary-mode mask`` drops from a window (RecurrentPPOLoss's own
+    ``normalize_advantage``, used when the floor is 0, counts only the slots that train)."""
     rollout["next", "state_value"] = next_values(critic, rollout)
     boundary_gae(rollout, gamma=cfg.gamma, lmbda=cfg.lmbda)  # advantage, value_target
     if standardize or cfg.advantage_std_floor:
