@@ -497,10 +497,10 @@ def test_torchrl_loss_mask_drops_slots(mode):
     assert out["real_slots"].item() == kept.sum().item()
 
 
-def elementwise_normal_agent():
-    """A Normal policy not made Independent: its log-probability is the action's shape [N, W, 1]."""
+def elementwise_normal_agent(actions=1):
+    """A Normal policy not made Independent: its log-probability is the action's shape [N, W, A]."""
     actor = ProbabilisticTensorDictSequential(
-        TensorDictModule(nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()), ["obs"], ["loc", "scale"]),
+        TensorDictModule(nn.Sequential(nn.Linear(3, 2 * actions), NormalParamExtractor()), ["obs"], ["loc", "scale"]),
         ProbabilisticTensorDictModule(["loc", "scale"], ["action"], distribution_class=torch.distributions.Normal,
                                       return_log_prob=True))
     return actor, TensorDictModule(nn.Linear(3, 1), ["obs"], ["state_value"])
@@ -517,24 +517,87 @@ def normal_windows(rows, width, seed=0):
     return windows
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_an_element_wise_distribution_is_the_clip_ppo_loss(reduction):
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("actions", [1, 3])
+def test_an_element_wise_distribution_is_the_clip_ppo_loss(reduction, actions):
     # every slot trains (no reset inside a window) and the networks carry no memory: the loss
     # is TorchRL's ClipPPOLoss on the same batch, whose terms are per action element
     torch.manual_seed(0)
-    actor, critic = elementwise_normal_agent()
+    actor, critic = elementwise_normal_agent(actions)
     windows = normal_windows(6, 4)
     with torch.no_grad():
-        actor(windows)  # the stored action and its log-probability [6, 4, 1]
-        windows["action_log_prob"] = windows["action_log_prob"] + 0.1 * torch.randn(6, 4, 1)  # ratios off 1
+        actor(windows)  # the stored action and its log-probability [6, 4, A]
+        windows["action_log_prob"] += 0.1 * torch.randn(6, 4, actions)  # ratios off 1
     ours = RecurrentPPOLoss(actor, critic, reduction=reduction, entropy_coeff=0.01)(windows.clone())
     theirs = ClipPPOLoss(actor, critic, reduction=reduction, entropy_coeff=0.01)(windows.clone())
     for name in ("loss_objective", "loss_critic", "loss_entropy"):
         torch.testing.assert_close(ours[name], theirs[name])
+    # the plain mean over the slots that train (all here) of each slot's mean, whatever the reduction
+    per_element = ClipPPOLoss(actor, critic, reduction="none")(windows.clone())["loss_objective"]
+    torch.testing.assert_close(ours["real_mean_objective"], per_element.mean())
     # a stored [N, W] beside the policy's [N, W, 1]: broadcast to [N, W, W] where N == W
-    square = normal_windows(4, 4)
+    if actions == 1:
+        square = normal_windows(4, 4)
+        with torch.no_grad():
+            actor(square)
+        square["action_log_prob"] = square["action_log_prob"].squeeze(-1)
+        with pytest.raises(ValueError, match=r"ClipPPOLoss gave loss_objective of shape \(4, 4, 4\) for windows "
+                                             r"\(4, 4\).*of shape \(4, 4\)"):
+            RecurrentPPOLoss(actor, critic, reduction=reduction)(square)
+
+
+def test_composite_policies_with_a_log_probability_per_head():
+    # TorchRL's CompositeDistribution with a Categorical and an element-wise Normal head, each
+    # head's log-probability under its own key (the key lists of set_keys): ClipPPOLoss's losses
+    from tensordict.nn import CompositeDistribution, set_composite_lp_aggregate
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 3 + 4)
+
+        def forward(self, obs):
+            out = self.linear(obs)
+            return out[..., :3], out[..., 3:5], out[..., 5:].exp()
+
+    with set_composite_lp_aggregate(False):
+        torch.manual_seed(0)
+        actor = ProbabilisticTensorDictSequential(
+            TensorDictModule(Heads(), ["obs"], [("params", "disc", "logits"), ("params", "cont", "loc"),
+                                                 ("params", "cont", "scale")]),
+            ProbabilisticTensorDictModule(["params"], ["disc", "cont"], distribution_class=CompositeDistribution,
+                                          distribution_kwargs={"distribution_map": {
+                                              "disc": torch.distributions.Categorical,
+                                              "cont": torch.distributions.Normal}}, return_log_prob=True))
+        critic = TensorDictModule(nn.Linear(3, 1), ["obs"], ["state_value"])
+        windows = normal_windows(5, 4)
+        with torch.no_grad():
+            actor(windows)
+        windows["cont_log_prob"] += 0.3 * torch.randn(5, 4, 2)
+        losses = []
+        for kind in (RecurrentPPOLoss, ClipPPOLoss):
+            loss = kind(actor, critic)
+            loss.set_keys(action=["disc", "cont"], sample_log_prob=["disc_log_prob", "cont_log_prob"])
+            losses.append(loss(windows.clone()))
+    for name in ("loss_objective", "loss_critic", "loss_entropy"):
+        torch.testing.assert_close(losses[0][name], losses[1][name])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_per_token_heads_are_the_clip_ppo_loss(reduction):
+    # two Categorical heads per step (logits [N, W, 2, K]): log-probability [N, W, 2], the leading
+    # dim of the action's [N, W, 2]; TorchRL broadcasts the advantage over the heads
+    torch.manual_seed(0)
+    actor = ProbabilisticTensorDictSequential(
+        TensorDictModule(nn.Sequential(nn.Linear(3, 6), nn.Unflatten(-1, (2, 3))), ["obs"], ["logits"]),
+        ProbabilisticTensorDictModule(["logits"], ["action"], distribution_class=torch.distributions.Categorical,
+                                      return_log_prob=True))
+    critic = TensorDictModule(nn.Linear(3, 1), ["obs"], ["state_value"])
+    windows = normal_windows(5, 4)
     with torch.no_grad():
-        actor(square)
-    square["action_log_prob"] = square["action_log_prob"].squeeze(-1)
-    with pytest.raises(ValueError, match=r"ClipPPOLoss gave loss_objective of shape \(4, 4, 4\) for windows \(4, 4\)"):
-        RecurrentPPOLoss(actor, critic, reduction=reduction)(square)
+        actor(windows)
+        windows["action_log_prob"] += 0.1 * torch.randn(5, 4, 2)
+    ours = RecurrentPPOLoss(actor, critic, reduction=reduction)(windows.clone())
+    theirs = ClipPPOLoss(actor, critic, reduction=reduction)(windows.clone())
+    for name in ("loss_objective", "loss_critic", "loss_entropy"):
+        torch.testing.assert_close(ours[name], theirs[name])

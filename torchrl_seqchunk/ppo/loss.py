@@ -182,10 +182,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         the slots that train (as sb3-contrib's ``RecurrentPPO`` leaves out its padding), given to
         TorchRL as its ``"shifted_valid"`` mask. A dropped slot's inputs must still be
         finite (a NaN advantage, target or log-probability there makes the gradients NaN,
-        as in TorchRL's ``ClipPPOLoss``). An element-wise distribution (a ``Normal`` not made
-        ``Independent``: log-probability ``[N, W, A]``) gives terms per action element; each
-        slot's are averaged over them (summed with ``reduction="sum"``), which with every slot
-        kept is ClipPPOLoss's own reduction. :attr:`in_keys` is sorted.
+        as in TorchRL's ``ClipPPOLoss``). A log-probability with dims after ``[N, W]`` (an
+        element-wise ``Normal``'s ``[N, W, A]``, per-token heads) gives terms per element, as
+        in ClipPPOLoss: ``"none"`` returns them ``[N, W, A]``, ``"sum"`` sums them, ``"mean"``
+        averages each slot's before reducing over slots (with every slot kept, ClipPPOLoss's
+        own mean), and ``"real_mean_*"`` is the mean over the slots that train of each slot's
+        mean. :attr:`in_keys` is sorted.
 
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
@@ -215,8 +217,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``is_first_key`` (at construction, and in ``set_keys(is_first=...)``); input that is not
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
             entries of the wrong shape (the advantage and value target ``[N, W, 1]``), a window whose
-            slot 0 is not a reset slot, a stored log-probability neither ``[N, W]`` nor the
-            action's shape (a trailing 1 beside a Categorical's ``[N, W]``), or per-slot losses
+            slot 0 is not a reset slot, a stored log-probability neither ``[N, W]`` nor with leading
+            dims of the action's (a trailing 1 beside a Categorical's ``[N, W]``), or per-slot losses
             that are not ``[N, W]`` (ClipPPOLoss broadcast a stored entry against the policy's)
             (at call time).
         TypeError: a reset flag that is not bool (at call time).
@@ -377,20 +379,23 @@ class RecurrentPPOLoss(ClipPPOLoss):
         return _trained_slots(is_first, self.boundary_mode), count_weight
 
     def _log_prob_event(self, tensordict: TensorDictBase) -> tuple | None:
-        """The stored log-probability's dims after ``[N, W]``: none, or the action's for an
-        element-wise distribution (a ``Normal`` not made ``Independent``); ``None`` where it is
-        not one tensor (a composite policy's, per head)."""
-        stored = tensordict.get(self.tensor_keys.sample_log_prob, None)
+        """The stored log-probability's dims after ``[N, W]``: none, or leading dims of the
+        action's (an element-wise ``Normal``'s ``[N, W, A]``, per-token heads' ``[N, W, K]``);
+        ``None`` where the keys are lists (a composite policy's heads)."""
+        keys = self.tensor_keys.sample_log_prob, self.tensor_keys.action
+        if not all(isinstance(key, (str, tuple)) for key in keys):
+            return None
+        stored, action = (tensordict.get(key, None) for key in keys)
         if not isinstance(stored, torch.Tensor):
             return None
-        event, action = tuple(stored.shape[2:]), tensordict.get(self.tensor_keys.action, None)
-        if event and not (isinstance(action, torch.Tensor) and event == tuple(action.shape[2:])):
+        event = tuple(stored.shape[2:])
+        if event and not (isinstance(action, torch.Tensor) and tuple(action.shape[2 : 2 + len(event)]) == event):
             raise ValueError(
-                f"sample_log_prob_key={self.tensor_keys.sample_log_prob!r} has shape {tuple(stored.shape)} "
-                f"beside the action's {None if action is None else tuple(action.shape)}: a policy's "
-                "log-probability is [N, W] (Categorical, TanhNormal, an Independent distribution), or "
-                "the action's shape for an element-wise one; store it as the policy writes it (ClipPPOLoss "
-                "would broadcast a trailing 1 against the policy's [N, W])."
+                f"sample_log_prob_key={keys[0]!r} has shape {tuple(stored.shape)} beside the action's "
+                f"{None if action is None else tuple(action.shape)}: a policy's log-probability is [N, W] "
+                "(Categorical, TanhNormal, an Independent distribution) or has leading dims of the action's "
+                "(an element-wise one); store it as the policy writes it (ClipPPOLoss would broadcast a "
+                "trailing 1 against the policy's [N, W])."
             )
         return event
 
@@ -413,18 +418,23 @@ class RecurrentPPOLoss(ClipPPOLoss):
             out = super().forward(tensordict)
         weight = count_weight if self.boundary_mode == "inverse_count" else None
         for name in [key for key in out.keys() if key.startswith("loss_")]:
-            per_slot = out.get(name)
-            if per_slot.shape[:2] != trains.shape or (event is not None and per_slot.shape[2:] not in ((), event)):
+            terms = out.get(name)  # [N, W], or [N, W, *event] per element of the log-probability
+            if terms.shape[:2] != trains.shape or (event is not None and terms.shape[2:] not in ((), event)):
+                stored = tensordict.get(self.tensor_keys.sample_log_prob, None) if event is not None else None
                 raise ValueError(  # ClipPPOLoss broadcast a stored entry against the policy's
-                    f"ClipPPOLoss gave {name} of shape {tuple(per_slot.shape)} for windows "
+                    f"ClipPPOLoss gave {name} of shape {tuple(terms.shape)} for windows "
                     f"{tuple(trains.shape)}: a stored entry broadcast against the policy's output, e.g. "
                     f"sample_log_prob_key={self.tensor_keys.sample_log_prob!r} of shape "
-                    f"{(*trains.shape, *event)}; store it as the policy writes it."
+                    f"{None if stored is None else tuple(stored.shape)}; store it as the policy writes it."
                 )
-            if per_slot.dim() > 2:  # an element-wise distribution's terms [N, W, *action]: one per slot
-                per_slot = per_slot.flatten(2).sum(-1) if reduction == "sum" else per_slot.flatten(2).mean(-1)
+            per_slot = terms.flatten(2).mean(-1) if terms.dim() > 2 else terms
             out.set(f"real_mean_{name[5:]}", per_slot.detach()[real].mean())
-            out.set(name, _reduce_windows(per_slot, real, weight, input_mask, reduction))
+            if terms.dim() > 2 and reduction != "mean":  # "sum" sums and "none" keeps the terms, as ClipPPOLoss
+                view = (*trains.shape, *[1] * (terms.dim() - 2))
+                out.set(name, _reduce_windows(terms, real.view(view), None if weight is None else weight.view(view),
+                                              input_mask, reduction))
+            else:
+                out.set(name, _reduce_windows(per_slot, real, weight, input_mask, reduction))
         for name in ("ESS", "explained_variance"):
             # ClipPPOLoss reduces these over dim 0 only: one value per window position
             per_position = out.get(name, None)
