@@ -17,7 +17,7 @@ _EXPORTS = {
     "MinGRUCell": "recurrent.cells",
     "make_windows": "ppo.windows",
     "RecurrentPPOLoss": "ppo.loss",
-    "slot_weights": "ppo.loss",
+    "slot_weights": "ppo.slots",
     "boundary_gae": "ppo.advantages",
     "boundary_nstep_targets": "offpolicy.targets",
     "unroll_with_next": "offpolicy.unroll",
