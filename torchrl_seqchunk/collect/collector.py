@@ -27,6 +27,7 @@ from .policy import tensor_policy
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
+_STATE = ("policy_state_dict", "env_state_dict", "frames", "next_traj_id")  # state_dict()'s entries
 
 
 class VectorEnvCollector:
@@ -166,8 +167,8 @@ class VectorEnvCollector:
         """Seeds the env (``env.set_seed``: env ``i`` gets the ``i``-th seed of TorchRL's chain) and
         starts every env anew from the seeded reset (:meth:`reset`); returns the next seed.
 
-        The rollouts that follow are those of a collector built on the env seeded the same way.
-        TorchRL's ``Collector.set_seed`` seeds the env (which resets it) but keeps the
+        The envs then give the episodes of a collector built on the env seeded the same way (the
+        transforms' running statistics go on from theirs). TorchRL's ``Collector.set_seed`` seeds the env (which resets it) but keeps the
         observation it held before, so its next step starts from an observation that is not
         the env's; this collector starts from the env's (a warning says so).
         """
@@ -182,8 +183,8 @@ class VectorEnvCollector:
         transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``.
         Its tensors are the live ones, as ``nn.Module.state_dict``'s: save it (``torch.save``)
         or deep-copy it before collecting on."""
-        return OrderedDict(policy_state_dict=self.policy.state_dict(), env_state_dict=self.env.transform.state_dict(),
-                           frames=self.frames, next_traj_id=self._next_traj)
+        return OrderedDict(zip(_STATE, (self.policy.state_dict(), self.env.transform.state_dict(), self.frames,
+                                        self._next_traj)))
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Loads :meth:`state_dict`'s output and starts every env anew (:meth:`reset`), its
@@ -197,7 +198,7 @@ class VectorEnvCollector:
             KeyError: an entry of :meth:`state_dict` missing (a ``Collector``'s state lacks
                 ``"next_traj_id"``). Those of ``nn.Module.load_state_dict`` (strict).
         """
-        missing = [key for key in self.state_dict() if key not in state_dict]
+        missing = [key for key in _STATE if key not in state_dict]
         if missing:
             raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() returned.")
         self.policy.load_state_dict(state_dict["policy_state_dict"])

@@ -130,9 +130,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``[N, W]`` or lacks the advantage, the reset flag or the count weight,
             entries of the wrong shape (the advantage and value target ``[N, W, 1]``), a window whose
             slot 0 is not a reset slot, a stored log-probability neither ``[N, W]`` nor with leading
-            dims of the action's (a trailing 1 beside a Categorical's ``[N, W]``), or per-slot losses
-            that are not ``[N, W]`` (ClipPPOLoss broadcast a stored entry against the policy's)
-            (at call time).
+            dims of the action's (a trailing 1 beside a Categorical's ``[N, W]``), or losses neither
+            ``[N, W]`` nor the log-probability's shape (ClipPPOLoss broadcast a stored entry
+            against the policy's) (at call time).
         TypeError: a reset flag that is not bool (at call time).
 
     Examples:
