@@ -118,12 +118,14 @@ class VectorEnvCollector:
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
-        if isinstance(total_frames, float) and (total_frames == float("inf") or total_frames.is_integer()):
-            total_frames = None if total_frames == float("inf") else int(total_frames)  # as TorchRL reads them
-        if total_frames is not None and check_int("total_frames", total_frames) == 0:
+        if total_frames is None or total_frames == float("inf"):  # endless, as TorchRL reads them
+            total_frames = -1
+        elif isinstance(total_frames, float) and total_frames.is_integer():
+            total_frames = int(total_frames)
+        if check_int("total_frames", total_frames) == 0:
             raise ValueError("total_frames must be positive, or negative or None (never stop), got 0.")
         self.frames_per_batch = frames_per_batch
-        self.total_frames = None if total_frames is None or total_frames < 0 else total_frames
+        self.total_frames = None if total_frames < 0 else total_frames
         self.split_trajs = bool(split_trajs)
         self._steps = frames_per_batch // self.num_envs
         devices = {canonical(p.device) for p in policy.parameters()} - {canonical(self.device)}
