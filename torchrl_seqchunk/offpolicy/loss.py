@@ -20,6 +20,7 @@ from torchrl.objectives.utils import distance_loss
 
 from .._boundaries import read_entry
 from .._checks import check_int, check_real
+from ..recurrent.torchrl_modules import TORCHRL_RNNS, warn_uncarried
 from .targets import boundary_nstep_targets
 from .unroll import unroll_with_next
 
@@ -77,7 +78,10 @@ class RecurrentDQNLoss(LossModule):
             ``[B, T, n_actions]``, containing ``rnn`` (e.g. encoder, ``rnn``, Q head in a
             ``TensorDictSequential``; the actor adds ``QValueModule`` on top).
         rnn (ResetRNN): the recurrent module inside ``value_network``, with ``carry=True``
-            and a ``reset_state_key`` (e.g. the same key as ``state_key``).
+            and a ``reset_state_key`` (e.g. the same key as ``state_key``). A TorchRL
+            ``LSTMModule`` / ``GRUModule`` goes in wrapped: ``ResetRNN(module,
+            reset_state_key=module.in_keys[1:-1])`` (a TypeError otherwise; an unwrapped one
+            elsewhere in ``value_network`` is warned about).
 
     Keyword Args:
         gamma (float): discount in ``[0, 1]``. Default ``0.99``.
@@ -193,6 +197,12 @@ class RecurrentDQNLoss(LossModule):
             raise ValueError(f"loss_function must be 'l2', 'l1' or 'smooth_l1', got {loss_function!r}.")
         if double_dqn and not delay_value:
             raise ValueError("double_dqn=True needs delay_value=True (a target network).")
+        if isinstance(rnn, TORCHRL_RNNS):
+            raise TypeError(
+                f"rnn is a TorchRL {type(rnn).__name__}, which restarts every chunk from the stored "
+                "state (no carry); wrap it, rnn = ResetRNN(module, reset_state_key=module.in_keys[1:-1]) "
+                "(its weights, keys and backend kept), and put rnn in value_network in its place."
+            )
         if getattr(rnn, "reset_state_keys", None) is None or not getattr(rnn, "carry", False):
             raise ValueError(
                 "rnn must be a ResetRNN with carry=True and a reset_state_key, e.g. "
@@ -221,6 +231,7 @@ class RecurrentDQNLoss(LossModule):
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
         self.rnn = [rnn]  # a list: not a second registration of the network's submodule
+        warn_uncarried(value_network, "RecurrentDQNLoss")
         self.convert_to_functional(value_network, "value_network", create_target_params=self.delay_value)
         self._carries = {"online": None, "target": None}
 

@@ -17,6 +17,7 @@ def make_windows(
     *,
     memory_key: NestedKey | Sequence[NestedKey] = "recurrent_state",
     is_first_key: NestedKey = "is_first",
+    init_key: NestedKey | None = "is_init",
     done_key: NestedKey = ("next", "done"),
     terminated_key: NestedKey = ("next", "terminated"),
     truncated_key: NestedKey = ("next", "truncated"),
@@ -37,7 +38,10 @@ def make_windows(
       (a window starts from the stored memory) and at every slot whose previous
       step was done, terminated or truncated, or that the rollout itself marks as
       an episode start. A recurrent module built with ``reset_state_key=memory_key``
-      replaces its memory by the stored one at these slots.
+      replaces its memory by the stored one at these slots. The same flags go under
+      ``init_key`` (TorchRL's ``is_init``): a TorchRL ``LSTMModule`` / ``GRUModule`` in
+      recurrent mode restarts from the stored memory at slot 0 and at every ``is_init``,
+      which is ``"reset_continue"`` as it is.
     * ``count_weight_key``: float ``[N, W, 1]``, ``1 / (number of windows holding
       the slot's step)``, so that the weights of every covered step sum to 1.
 
@@ -62,6 +66,9 @@ def make_windows(
             tuples, like a list, is several keys. Defaults to ``"recurrent_state"``.
         is_first_key (NestedKey): episode-start flag of the rollout, overwritten
             with the per-slot reset flag. Defaults to ``"is_first"``.
+        init_key (NestedKey, optional): TorchRL's episode-start flag, read where the
+            rollout holds no ``is_first_key`` and overwritten with the per-slot reset flag
+            too; ``None``: neither. Defaults to ``"is_init"``.
         done_key, terminated_key, truncated_key (NestedKey): episode-end flags;
             ``terminated_key`` and ``truncated_key`` are used when present. Every
             flag, ``is_first_key`` included, must be bool ``[num_envs, T, 1]``.
@@ -129,7 +136,10 @@ def make_windows(
         ("terminated_key", terminated_key),
         ("truncated_key", truncated_key),
         ("is_first_key", is_first_key),
+        ("init_key", init_key),
     ):
+        if key is None:
+            continue
         flag = rollout.get(key, None)
         if flag is None:
             if arg == "done_key":
@@ -146,6 +156,8 @@ def make_windows(
             )
         flags[arg] = flag
     is_first = flags.pop("is_first_key", None)
+    stored_init = flags.pop("init_key", None)
+    is_first = stored_init if is_first is None else is_first
     ended = torch.stack(list(flags.values())).any(0)
 
     # reset[e, t]: step t begins an episode (its predecessor ended, or the rollout says so)
@@ -166,5 +178,7 @@ def make_windows(
     )
     count_weight = (1.0 / counts[index]).expand(num_envs, *index.shape)
     windows.set(is_first_key, slot_reset.reshape(windows.shape[0], window, 1))
+    if init_key is not None:
+        windows.set(init_key, windows.get(is_first_key))
     windows.set(count_weight_key, count_weight.reshape(windows.shape[0], window, 1))
     return windows

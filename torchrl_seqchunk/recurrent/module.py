@@ -17,6 +17,7 @@ from .backends import _BACKEND_NAMES, _unroll
 from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
 from .step import state_entries, step_flags, step_once, step_state
+from .torchrl_modules import TORCHRL_RNNS, adopt, torchrl_step, torchrl_unroll
 
 __all__ = ["ResetRNN"]
 
@@ -57,26 +58,40 @@ class ResetRNN(TensorDictModuleBase):
             :class:`MinGRUCell`, or any cell ``cell(x_t, h) -> h`` with ``h`` a
             tensor, a tuple of tensors or a TensorDict of tensors with batch
             ``[N]`` (then give ``state_shape``; see :func:`rnn_with_resets`).
+            Or a TorchRL ``LSTMModule`` / ``GRUModule`` (any ``num_layers``, any
+            ``recurrent_backend``): its weights, keys (``in_key``, ``out_key``, its flat
+            state keys such as ``recurrent_state_h`` / ``recurrent_state_c``) and backend are
+            kept; sequence mode runs the module itself in recurrent mode, from the carried
+            state, with ``is_first`` given to it as ``is_init``; step mode runs it in step
+            mode (``docs/howto/torchrl-modules.md``).
 
     Keyword Args:
-        in_key (NestedKey): input features ``[*batch, F]``. Default ``"embed"``.
+        in_key (NestedKey): input features ``[*batch, F]``. Default ``"embed"`` (a TorchRL
+            module's own).
         out_key (NestedKey): output features ``[*batch, H_out]``, or the new
             state's entries under ``(*out_key, name)`` for a TensorDict state.
-            Default ``"features"``.
+            Default ``"features"`` (a TorchRL module's own).
         is_first_key (NestedKey): sequence-mode reset flags ``[*batch]`` or
             ``[*batch, 1]``, any dtype, non-zero resets, as the chunk and window makers
-            write them. Default ``"is_first"``.
+            write them (they write ``init_key`` too); where a ``[B, T]`` input holds none,
+            ``init_key`` is read. Default ``"is_first"``.
         init_key (NestedKey): step-mode reset flags, as TorchRL's ``InitTracker``
             writes them (in the env; TorchRL's ``Collector`` appends one itself only with
             ``auto_register_policy_transforms=True``); where absent, step mode reads
             ``is_first_key``. Default ``"is_init"``.
-        state_key (NestedKey): where the state is stored. Default ``"recurrent_state"``.
-        reset_state_key (NestedKey, optional): sequence mode only: stored memory
-            taken at reset steps instead of the initial state (reset-and-continue
-            training on windows). Default ``None``.
+        state_key (NestedKey or list of NestedKey): where the state is stored: one key (its
+            entries under ``(state_key, name)``), or a list of one key per entry, such as
+            TorchRL's ``["recurrent_state_h", "recurrent_state_c"]`` for an LSTM. Default
+            ``"recurrent_state"`` (a TorchRL module's own keys).
+        reset_state_key (NestedKey or list of NestedKey, optional): sequence mode only:
+            stored memory taken at reset steps instead of the initial state
+            (reset-and-continue training on windows), given as ``state_key`` is. Default
+            ``None``.
         initial_state (str): ``"zeros"`` or ``"learned"`` (a parameter per state
             entry, initialised to zeros). Default ``"zeros"``.
-        backend (str): see :func:`rnn_with_resets`. Default ``"auto"``.
+        backend (str): see :func:`rnn_with_resets`; ``"torchrl"``: a TorchRL module's own
+            (``"auto"`` picks it for one; ours run its ``nn.LSTM`` / ``nn.GRU``). Default
+            ``"auto"``.
         carry (bool): keep each row's final state between sequence-mode calls
             (part of ``state_dict``). Default ``True``.
         state_shape (shape, tuple of shapes or dict of shapes, optional): one
@@ -141,11 +156,11 @@ class ResetRNN(TensorDictModuleBase):
         self,
         rnn: nn.Module,
         *,
-        in_key="embed",
-        out_key="features",
+        in_key=None,
+        out_key=None,
         is_first_key="is_first",
         init_key="is_init",
-        state_key="recurrent_state",
+        state_key=None,
         reset_state_key=None,
         initial_state: str = "zeros",
         backend: str = "auto",
@@ -156,7 +171,20 @@ class ResetRNN(TensorDictModuleBase):
         super().__init__()
         if not isinstance(rnn, nn.Module):
             raise TypeError(f"rnn must be an nn.Module, got {type(rnn).__name__}.")
-        layout = _state_layout(rnn, state_shape)
+        self._adopted = adopt(rnn) if isinstance(rnn, TORCHRL_RNNS) else None
+        if self._adopted is not None:  # TorchRL's module: its kernel, keys and backend
+            if state_shape is not None:
+                raise ValueError(
+                    f"state_shape is taken from the {type(rnn).__name__} itself; drop state_shape=.")
+            layout = self._adopted.layout
+            in_key = self._adopted.in_key if in_key is None else in_key
+            out_key = self._adopted.out_key if out_key is None else out_key
+            state_key = self._adopted.state_keys if state_key is None else state_key
+        else:
+            layout = _state_layout(rnn, state_shape)
+            in_key = "embed" if in_key is None else in_key
+            out_key = "features" if out_key is None else out_key
+            state_key = "recurrent_state" if state_key is None else state_key
         if layout is None:
             raise ValueError(
                 f"state_shape is required for a {type(rnn).__name__} without a `hidden_size` "
@@ -165,8 +193,14 @@ class ResetRNN(TensorDictModuleBase):
             )
         if initial_state not in ("zeros", "learned"):
             raise ValueError(f"initial_state must be 'zeros' or 'learned', got {initial_state!r}.")
-        if backend not in _BACKEND_NAMES:
-            raise ValueError(f"backend must be one of {_BACKEND_NAMES}, got {backend!r}.")
+        if backend not in _BACKEND_NAMES + ("torchrl",):
+            raise ValueError(f"backend must be one of {_BACKEND_NAMES + ('torchrl',)}, got {backend!r}.")
+        if self._adopted is None and backend == "torchrl":
+            raise ValueError(
+                f"backend='torchrl' runs a TorchRL LSTMModule / GRUModule, got a {type(rnn).__name__}; "
+                "pass the TorchRL module as rnn, or pick one of " + str(_BACKEND_NAMES) + ".")
+        if self._adopted is not None and backend == "auto":
+            backend = "torchrl"
         if not (default_recurrent_mode is None or isinstance(default_recurrent_mode, bool)):
             raise TypeError(
                 f"default_recurrent_mode must be True (sequence mode), False (step mode) or None "
@@ -180,9 +214,9 @@ class ResetRNN(TensorDictModuleBase):
         self.in_key, self.out_key = unravel_key(in_key), unravel_key(out_key)
         self.is_first_key = unravel_key(is_first_key)
         self.init_key = unravel_key(init_key)
-        self.state_keys = self._entry_keys(state_key, names)
+        self.state_keys = self._entry_keys(state_key, names, "state_key")
         self.reset_state_keys = (
-            None if reset_state_key is None else self._entry_keys(reset_state_key, names)
+            None if reset_state_key is None else self._entry_keys(reset_state_key, names, "reset_state_key")
         )
         self.in_keys = list(dict.fromkeys(
             [self.in_key, self.is_first_key, self.init_key, *self.state_keys, *(self.reset_state_keys or [])]
@@ -190,9 +224,12 @@ class ResetRNN(TensorDictModuleBase):
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
         self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
-        self.start_keys = self._entry_keys(start_key(state_key), names)
-        self._start_token_key = unravel_key(start_key(state_key, "_start_by"))
-        self._start_step_key = unravel_key(start_key(state_key, "_start_t"))  # each step's place in the chunk
+        flat = isinstance(state_key, list)  # one key per entry (TorchRL's recurrent_state_h / _c)
+        self.start_keys = ([start_key(k) for k in self.state_keys] if flat
+                           else self._entry_keys(start_key(state_key), names, "state_key"))
+        mark_key = self.state_keys[0] if flat else state_key
+        self._start_token_key = unravel_key(start_key(mark_key, "_start_by"))
+        self._start_step_key = unravel_key(start_key(mark_key, "_start_t"))  # each step's place in the chunk
         marks = [self._start_token_key, self._start_step_key, *self.start_keys]
         self.chunk_mark_keys = [  # what a carrying pass writes besides its output
             *marks, *(unravel_key(("next", k)) for k in marks),
@@ -210,7 +247,17 @@ class ResetRNN(TensorDictModuleBase):
         self._carry = None
 
     @staticmethod
-    def _entry_keys(key, names):
+    def _entry_keys(key, names, arg: str = "out_key"):
+        """The keys of each state entry: ``key`` itself (one entry), ``(key, name)`` per entry,
+        or a list given one key per entry (TorchRL's flat ``recurrent_state_h`` / ``_c``)."""
+        count = 1 if names is None else len(names)
+        if isinstance(key, list):
+            if len(key) != count:
+                raise ValueError(
+                    f"{arg}={key!r} lists {len(key)} key(s), the state has {count} entr"
+                    f"{'y' if count == 1 else 'ies'} {names or ''}; give one key per entry, e.g. "
+                    "['recurrent_state_h', 'recurrent_state_c'] for an LSTM (TorchRL's LSTMModule keys).")
+            return [unravel_key(k) for k in key]
         key = unravel_key(key)
         if names is None:
             return [key]
@@ -242,12 +289,19 @@ class ResetRNN(TensorDictModuleBase):
         return (own if own is not None else next(self.rnn.parameters(), torch.empty(0))).dtype
 
     def _get(self, tensordict: TensorDictBase, key, option: str) -> torch.Tensor:
-        value = tensordict.get(key, None)
+        try:
+            value = tensordict.get(key, None)
+        except (ValueError, AttributeError):  # a tensor where the key nests under it
+            value = None
         if value is None:
+            flat = isinstance(key, tuple) and isinstance(tensordict.get(key[0], None), torch.Tensor)
+            hint = (f" ({key[0]!r} is a tensor: for a state of several entries stored under one "
+                    "flat key each, as TorchRL's LSTMModule stores h and c, give a list, e.g. "
+                    f"{option}=['recurrent_state_h', 'recurrent_state_c'])") if flat else ""
             raise ValueError(
                 f"key {key!r} not found in the input TensorDict (its keys: "
                 f"{sorted(map(str, tensordict.keys(True, True)))}); pass {option}= naming the "
-                "entry the data holds."
+                f"entry the data holds{hint}."
             )
         return value
 
@@ -346,7 +400,11 @@ class ResetRNN(TensorDictModuleBase):
         rows = tensordict.reshape(shape[:-1].numel(), shape[-1])  # also for 0 rows or steps
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
-        if len(shape) == 1 and rows.get(self.is_first_key, None) is None:
+        flag_key = self.is_first_key  # else TorchRL's is_init, where [B, T] data holds only that
+        is_first = rows.get(flag_key, None)
+        if is_first is None and len(shape) > 1 and rows.get(self.init_key, None) is not None:
+            flag_key, is_first = self.init_key, rows.get(self.init_key)
+        if len(shape) == 1 and is_first is None:
             raise ValueError(
                 f"ResetRNN in sequence mode reads a batch {list(shape)} as one sequence of {shape[0]} "
                 f"steps, and it holds no reset flags {self.is_first_key!r}. If a collector is acting "
@@ -355,7 +413,8 @@ class ResetRNN(TensorDictModuleBase):
                 "under torchrl.modules.set_recurrent_mode(False). Otherwise pass is_first_key= naming "
                 "the flags the data holds."
             )
-        is_first = self._get(rows, self.is_first_key, "is_first_key")
+        if is_first is None:
+            is_first = self._get(rows, flag_key, "is_first_key")  # raises, naming the keys held
         reset = _reset_mask(is_first, (batch, shape[-1]), "is_first")
         h0 = self._initial_state(batch, x.device)
         start = (view_start(rows, self.start_keys, self._start_token_key, self._start_step_key, id(self))
@@ -378,7 +437,13 @@ class ResetRNN(TensorDictModuleBase):
             reset_state = tuple(self._get(rows, k, "reset_state_key") for k in keys)
         else:
             reset_state = None if self.initial is None else tuple(self.initial)
-        y, h_last = _unroll(self.rnn, x, reset, h0, reset_state, self._layout, self.backend)
+        if self.backend == "torchrl":
+            if reset_state is not None:  # [B, T, *S] per entry, as _unroll expands it
+                reset_state = tuple(v.expand(batch, shape[-1], *s) for v, s in zip(reset_state, self.state_shapes))
+            y, h_last = torchrl_unroll(self.rnn, self._adopted, x, reset, h0, reset_state)
+        else:
+            kernel = self.rnn if self._adopted is None else self._adopted.kernel
+            y, h_last = _unroll(kernel, x, reset, h0, reset_state, self._layout, self.backend)
         if self.carry and start is None:
             if any(torch._C._functorch.is_functorch_wrapped_tensor(h) for h in h_last):
                 raise ValueError(
@@ -390,7 +455,7 @@ class ResetRNN(TensorDictModuleBase):
                 )
             if batch:  # a pass over no row (B = 0) leaves the streams' carry as it was
                 self._carry = tuple(h.detach() for h in h_last)
-            mark_chunk(tensordict, self.start_keys, h0, self.is_first_key, (self._start_token_key, self._start_step_key),
+            mark_chunk(tensordict, self.start_keys, h0, flag_key, (self._start_token_key, self._start_step_key),
                        id(self))
         y = self._layout.output(y)
         tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
@@ -422,8 +487,13 @@ class ResetRNN(TensorDictModuleBase):
         initial = None if self.initial is None else tuple(self.initial)
         stored = state_entries(state, self.state_keys, x.shape[0])
         used = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, x.shape[:1])
-        y, new = step_once(self.rnn, self._layout, x, used)
+        y, new = self._step_once(x, used)
         return y, used, new
+
+    def _step_once(self, x: torch.Tensor, state: tuple) -> tuple:
+        if self._adopted is not None:  # TorchRL's own step
+            return torchrl_step(self.rnn, self._adopted, x, state)
+        return step_once(self.rnn, self._layout, x, state)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape
@@ -439,7 +509,7 @@ class ResetRNN(TensorDictModuleBase):
         initial = None if self.initial is None else tuple(self.initial)
         stored = [rows.get(k, None) for k in self.state_keys]
         state = step_state(stored, reset, initial, self.state_keys, self.state_shapes, self._dtype, shape)
-        y, new = step_once(self.rnn, self._layout, x, state)
+        y, new = self._step_once(x, state)
         unflat = (lambda v: v) if flat else (lambda v: v.reshape(*shape, *v.shape[1:]))
         for key, next_key, used, nxt in zip(self.state_keys, self._next_keys, state, new):
             tensordict.set(key, unflat(used))

@@ -55,7 +55,9 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     num_streams * seq_len`` over a one-dimensional storage filled through ``rb.extend`` /
     ``rb.add`` (TorchRL layout). ``rb.sample()`` returns a TensorDict of batch size
     ``[B, T]`` with the stored keys plus ``is_first_key`` (bool ``[B, T, 1]``, True exactly
-    where an episode starts), ``"index"`` (long ``[B, T]``), ``episode_key`` /
+    where an episode starts) and the same flags under ``init_key`` (TorchRL's ``is_init``,
+    which its ``LSTMModule`` / ``GRUModule`` read; a stored ``is_init`` is replaced in the
+    chunk, not in the storage), ``"index"`` (long ``[B, T]``), ``episode_key`` /
     ``step_key`` (long ``[B, T]``) when given, and ``mask_key`` (bool ``[B, T]``, False on
     padding) with ``replacement=False``.
 
@@ -85,8 +87,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
             ended: a collector restarted with its ids from 0, as after a checkpoint. That
             episode is cut, never joined to the new one: never drawn with
             ``only_complete=True``, drawn as it is otherwise. Flags elsewhere in a write are
-            not read (a storage keeps a flag a write lacks). Defaults to ``"is_init"``;
-            ``None`` ignores it.
+            not read (a storage keeps a flag a write lacks). Chunks carry the episode-start
+            flags under this key too. Defaults to ``"is_init"``; ``None`` ignores it.
         is_first_key (NestedKey): key written with the episode-start flags. Defaults to
             ``"is_first"``; ``"is_init"`` matches TorchRL's ``InitTracker``.
         replacement (bool): ``True`` draws episodes in proportion to their length;
@@ -308,6 +310,8 @@ class StreamChunkSampler(Sampler, metaclass=_NoReplacementDispatch):
     def _chunk(self, rows: list[list[tuple[torch.Tensor, int, int]]]) -> tuple[torch.Tensor, dict]:
         index, step, episode = _Streams.layout(rows, self.seq_len)
         info = {self.is_first_key: (step <= 0).unsqueeze(-1)}
+        if self.init_key is not None:  # TorchRL's recurrent modules read their own key
+            info[self.init_key] = info[self.is_first_key]
         if self.episode_key is not None:
             info[self.episode_key] = episode
         if self.step_key is not None:
