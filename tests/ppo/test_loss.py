@@ -12,7 +12,7 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 from torch import nn
-from torchrl.modules import set_recurrent_mode
+from torchrl.modules import GRUModule, set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
 
 from torchrl_seqchunk import RecurrentPPOLoss, ResetRNN, make_windows, slot_weights
@@ -45,6 +45,12 @@ def make_agent(backbone, is_first_key="is_first"):
     cells = {name: nn.GRUCell(OBS, HIDDEN) for name in ("actor", "critic")}
 
     def recurrent(name):
+        if backbone == "GRUModule":  # TorchRL's own, unchanged: restarts from the stored state at is_init
+            gru = nn.GRU(OBS, HIDDEN, batch_first=True)
+            for part in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                setattr(gru, f"{part}_l0", getattr(cells[name], part))  # the cell's own parameters
+            return GRUModule(gru=gru, in_keys=["obs", f"{name}_state", "is_init"],
+                             out_keys=[f"{name}_h", ("next", f"{name}_state")])
         if backbone == "ResetRNN":
             return ResetRNN(
                 cells[name], in_key="obs", out_key=f"{name}_h", state_key=f"{name}_state",
@@ -146,12 +152,17 @@ def reduce_reference(ref, mode):
     return {name: (value * w).sum() / w.sum() for name, value in terms.items()}
 
 
-@pytest.mark.parametrize("backbone", ["contract", "ResetRNN"])
+@pytest.mark.parametrize("backbone", ["contract", "ResetRNN", "GRUModule"])
 @pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
 def test_matches_per_step_reference(backbone, mode):
+    """Also TorchRL's GRUModule as it is: its recurrent mode on make_windows' is_init is reset_continue."""
     actor, critic, cells, heads = make_agent(backbone)
     rollout = make_rollout([[3, 5, 4], [6, 2, 4]])
-    windows = make_windows(rollout, 4, memory_key=MEMORY)
+    stored = rollout.clone()
+    if backbone == "GRUModule":  # TorchRL's state layout: [*batch, num_layers, H]
+        for key in MEMORY:
+            stored[key] = stored[key].unsqueeze(-2)
+    windows = make_windows(stored, 4, memory_key=MEMORY)
     loss = RecurrentPPOLoss(actor, critic, boundary_mode=mode)
     params = [p for module in (*cells.values(), *heads.values()) for p in module.parameters()]
 
