@@ -8,7 +8,8 @@ script prints the median of the per-round ratios as ``RATIO <name> <value>``
 Candidates: ``ResetRNN`` over ``nn.GRU`` and ``nn.LSTM`` on every backend that runs
 them (``auto``, ``loop``, ``packed``, ``fused``), a ``MinGRUCell`` on ``scan``; anchors:
 ``nn.GRU`` / ``nn.LSTM`` without resets (cuDNN on CUDA: the speed of light), TorchRL's
-``GRUModule`` in recurrent mode with ``is_init`` at the same steps, and a plain
+``GRUModule`` in recurrent mode with ``is_init`` at the same steps (alone, and inside
+``ResetRNN``: its own backend with our resets), and a plain
 ``nn.GRUCell`` loop with ``torch.where``. ``gru_gemm_floor`` / ``lstm_gemm_floor`` run only
 the matrix products of the ``fused`` layer's forward and backward (the same shapes, one
 per step each way, the input's product and the weight gradients), no other op: no layer that
@@ -134,6 +135,10 @@ def build(args, device):
         candidates[f"lstm_{backend}"] = reset_rnn(lstm, backend)
     candidates["mingru_scan"] = reset_rnn(MinGRUCell(args.input, args.hidden).to(device), "scan")
     candidates["torchrl_grumodule"] = lambda: torchrl_gru(torchrl_chunk.copy())["features"]
+    wrapped = {backend: ResetRNN(torchrl_gru, carry=False, default_recurrent_mode=True, backend=backend)
+               for backend in ("auto", "torchrl")}  # auto: ours on its nn.GRU; torchrl: its own backend
+    for backend, module in wrapped.items():
+        candidates[f"grumodule_{backend}"] = lambda module=module: module(chunk.copy())["features"]
     candidates["cell_loop"] = lambda: cell_loop(cell, x, is_first)
     candidates["gru_gemm_floor"] = gemm_floor(args, 3, device)
     candidates["lstm_gemm_floor"] = gemm_floor(args, 4, device)
@@ -177,6 +182,10 @@ def main(argv=None):
     pairs = {  # RATIO name: (candidate, reference), each a time ratio (lower is better)
         "resetrnn_vs_gru_noreset": ("gru_auto", "gru_noreset"),
         "resetrnn_vs_torchrl_grumodule": ("gru_auto", "torchrl_grumodule"),
+        # TorchRL's GRUModule inside ResetRNN (our resets and carry) against ResetRNN on the same
+        # nn.GRU: by default (our kernel on its nn.GRU), and on TorchRL's own backend
+        "resetrnn_of_grumodule_vs_resetrnn": ("grumodule_auto", "gru_auto"),
+        "resetrnn_of_grumodule_torchrl_backend_vs_torchrl_grumodule": ("grumodule_torchrl", "torchrl_grumodule"),
         "resetrnn_vs_cell_loop": ("gru_auto", "cell_loop"),
         "resetrnn_lstm_vs_lstm_noreset": ("lstm_auto", "lstm_noreset"),
         "resetrnn_packed_vs_gru_noreset": ("gru_packed", "gru_noreset"),

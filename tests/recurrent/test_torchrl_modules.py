@@ -56,9 +56,10 @@ def test_carry_equals_a_per_step_unroll(kind, layers, backend):
     if backend == "python" and kind == "gru":
         pytest.skip("GRUModule's python_based GRU is the same path as pad")
     module = torchrl_module(kind, layers, "pad" if backend == "python" else backend, backend == "python")
-    rnn = ResetRNN(module)
+    picked = ResetRNN(module).backend  # ours on TorchRL's default pad, else its own
+    assert picked == ("auto" if backend == "pad" else "torchrl")
+    rnn = ResetRNN(module, backend="torchrl")  # TorchRL's recurrent mode, its backend
     assert rnn.state_keys == module.in_keys[1:-1] and (rnn.in_key, rnn.out_key) == ("obs", "feat")
-    assert rnn.backend == "torchrl"
     gen = torch.Generator().manual_seed(1)
     x, first = torch.randn(B, T * CHUNKS, F, generator=gen), starts()
     expected, state = per_step(module, x, first)
@@ -89,13 +90,13 @@ def test_our_backends_run_its_kernel_alike():
     module = torchrl_module("lstm", layers=2)
     x, first = torch.randn(B, T * CHUNKS, F), starts()
     outputs = {}
-    for backend in ("torchrl", "loop", "fused", "packed"):
+    for backend in ("torchrl", "auto", "loop", "fused", "packed"):
         rnn, outs = ResetRNN(module, backend=backend, default_recurrent_mode=True), []
         for c in range(CHUNKS):
             chunk = TensorDict({"obs": x[:, c * T:(c + 1) * T], "is_first": first[:, c * T:(c + 1) * T]}, [B, T])
             outs.append(rnn(chunk)["feat"])
         outputs[backend] = torch.cat(outs, 1)
-    for backend in ("loop", "fused", "packed"):
+    for backend in ("auto", "loop", "fused", "packed"):
         torch.testing.assert_close(outputs[backend], outputs["torchrl"], atol=1e-5, rtol=1e-5)
 
 
@@ -109,7 +110,7 @@ def test_several_passes_of_a_loss_carry_once():
     """Online pass carries; a second pass over the chunk and a pass over its next view start from
     the chunk's start and leave the carry alone, as ResetRNN on the bare nn.LSTM does."""
     module = torchrl_module("lstm")
-    wrapped, twin = ResetRNN(module, default_recurrent_mode=True), twin_of(module)
+    wrapped, twin = ResetRNN(module, default_recurrent_mode=True, backend="torchrl"), twin_of(module)
     x, first = torch.randn(B, T * CHUNKS + 1, F), starts(T * CHUNKS + 1)
     for c in range(CHUNKS):
         s = slice(c * T, (c + 1) * T)
@@ -131,7 +132,7 @@ def test_several_passes_of_a_loss_carry_once():
 
 def test_step_mode_is_torchrl_step_mode():
     module = torchrl_module("lstm", layers=2)
-    rnn = ResetRNN(module)
+    rnn = ResetRNN(module, backend="torchrl")
     gen = torch.Generator().manual_seed(2)
     state = {k: torch.randn(4, 2, H, generator=gen) for k in module.in_keys[1:-1]}
     is_init = torch.tensor([[True], [False], [False], [True]])
@@ -269,7 +270,7 @@ def test_recurrent_dqn_losses_equal_on_the_module_and_its_kernel():
     module = torchrl_module("lstm")
     keys = module.in_keys[1:-1]
     losses = []
-    for make in (lambda m: ResetRNN(m, reset_state_key=keys),
+    for make in (lambda m: ResetRNN(m, reset_state_key=keys, backend="torchrl"),
                  lambda m: ResetRNN(m.lstm, in_key="obs", out_key="feat", state_key=keys, reset_state_key=keys)):
         torch.manual_seed(5)
         rnn = make(copy.deepcopy(module))

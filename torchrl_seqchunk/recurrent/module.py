@@ -17,7 +17,7 @@ from .backends import _BACKEND_NAMES, _unroll
 from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
 from .step import state_entries, step_flags, step_once, step_state
-from .torchrl_modules import TORCHRL_RNNS, adopt, torchrl_step, torchrl_unroll
+from .torchrl_modules import TORCHRL_RNNS, adopt, adopted_backend, torchrl_step, torchrl_unroll
 
 __all__ = ["ResetRNN"]
 
@@ -90,8 +90,10 @@ class ResetRNN(TensorDictModuleBase):
         initial_state (str): ``"zeros"`` or ``"learned"`` (a parameter per state
             entry, initialised to zeros). Default ``"zeros"``.
         backend (str): see :func:`rnn_with_resets`; ``"torchrl"``: a TorchRL module's own
-            (``"auto"`` picks it for one; ours run its ``nn.LSTM`` / ``nn.GRU``). Default
-            ``"auto"``.
+            ``recurrent_backend``. For a TorchRL module ``"auto"`` picks ours on its
+            ``nn.LSTM`` / ``nn.GRU`` where the module's is TorchRL's default (``"pad"`` or
+            ``"auto"``: the same results, faster), and ``"torchrl"`` where it chose
+            ``"scan"`` / ``"triton"`` or holds TorchRL's python-based layer. Default ``"auto"``.
         carry (bool): keep each row's final state between sequence-mode calls
             (part of ``state_dict``). Default ``True``.
         state_shape (shape, tuple of shapes or dict of shapes, optional): one
@@ -200,7 +202,7 @@ class ResetRNN(TensorDictModuleBase):
                 f"backend='torchrl' runs a TorchRL LSTMModule / GRUModule, got a {type(rnn).__name__}; "
                 "pass the TorchRL module as rnn, or pick one of " + str(_BACKEND_NAMES) + ".")
         if self._adopted is not None and backend == "auto":
-            backend = "torchrl"
+            backend = adopted_backend(rnn, self._adopted)
         if not (default_recurrent_mode is None or isinstance(default_recurrent_mode, bool)):
             raise TypeError(
                 f"default_recurrent_mode must be True (sequence mode), False (step mode) or None "

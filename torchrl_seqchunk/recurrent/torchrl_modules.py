@@ -69,6 +69,14 @@ def adopt(module) -> Adopted:
                    list(module.in_keys[1:1 + entries]), list(module.out_keys[1:1 + entries]))
 
 
+def adopted_backend(module, adopted: Adopted) -> str:
+    """``ResetRNN(module, backend="auto")``'s pick: ours (``"auto"``) on a torch ``nn.LSTM`` /
+    ``nn.GRU`` under TorchRL's default backend (the same math as its ``pad``, faster), TorchRL's
+    own (``"torchrl"``) where the module chose ``scan`` / ``triton`` or holds its python layer."""
+    native = type(adopted.kernel) in (nn.LSTM, nn.GRU)
+    return "auto" if native and module.recurrent_backend in ("pad", "auto") else "torchrl"
+
+
 def torchrl_unroll(module, adopted: Adopted, x, reset, h0, reset_state):
     """One recurrent-mode call of ``module`` over rows ``[B, T]``, starting from ``h0``.
 
