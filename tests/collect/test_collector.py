@@ -504,6 +504,18 @@ def test_a_loaded_state_goes_on_from_the_saved_one():
         loaded.load_state_dict({k: v for k, v in state.items() if k != "next_traj_id"})
 
 
+@pytest.mark.parametrize("total_frames", [float("-inf"), -0.5, torch.tensor(12), torch.tensor(-1), torch.tensor([12.0])],
+                         ids=["-inf", "-0.5", "tensor(12)", "tensor(-1)", "tensor([12.])"])
+def test_total_frames_the_collector_accepts_are_read_as_it_reads_them(total_frames):
+    # negative (-inf too): endless; a one-element tensor: its number
+    batches = []
+    for kind in (Collector, VectorEnvCollector):
+        collector = kind(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=total_frames)
+        batches.append(len(list(zip(range(10), collector))))
+        collector.shutdown()
+    assert batches == [3, 3] if total_frames > 0 else batches == [10, 10]
+
+
 @pytest.mark.filterwarnings("ignore:split_trajs=True produces:UserWarning")  # TorchRL's advice on the layout
 def test_endless_collectors_and_split_trajectories_as_the_collectors():
     for endless in (None, -1, -5, float("inf")):
@@ -512,8 +524,9 @@ def test_endless_collectors_and_split_trajectories_as_the_collectors():
     with pytest.raises(ValueError, match="total_frames must be positive, or negative or None"):
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
     assert len(list(VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=1.2e1))) == 3
-    with pytest.raises(TypeError, match="total_frames must be an int"):
-        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=12.5)
+    for fractional_or_many in (12.5, torch.tensor(12.5), torch.tensor([12, 12])):
+        with pytest.raises(TypeError, match="total_frames must be an int"):
+            VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=fractional_or_many)
     make_env = short_cartpole(lambda: [InitTracker(), RewardSum()])
     out = []
     for kind in (Collector, VectorEnvCollector):

@@ -70,8 +70,9 @@ class VectorEnvCollector:
     Keyword Args:
         frames_per_batch (int): frames per rollout, a multiple of ``N`` (``T = frames_per_batch // N``).
         total_frames (int or None): frames in all; iteration stops once they are collected
-            (whole rollouts); negative, ``None`` or ``float("inf")``: never, as in TorchRL (a
-            whole float such as ``1e5`` is read as an int). Default ``-1``.
+            (whole rollouts); negative (``float("-inf")`` too), ``None`` or ``float("inf")``:
+            never, as in TorchRL (a whole float such as ``1e5`` is read as an int, a one-element
+            tensor as its number). Default ``-1``.
         device (torch.device or str): where the policy runs and the rollouts are stored (the env
             and its transforms' rules run on the CPU). Default ``"cpu"``.
         split_trajs (bool): yield each rollout split by trajectory (TorchRL's
@@ -86,10 +87,11 @@ class VectorEnvCollector:
             a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` 0 (a
-            fractional float is a TypeError); the policy's parameters on another device than
-            ``device``; at a step, a policy that writes no ``"action"``; at a rollout,
-            transforms or policy modules (or their hooks) changed since it was built. A subclass of the transforms
-            above is a TypeError (their rules here would skip its changes).
+            fractional positive float, or a tensor of other than one element, is a TypeError);
+            the policy's parameters on another device than ``device``; at a step, a policy that
+            writes no ``"action"``; at a rollout, transforms or policy modules (or their hooks)
+            changed since it was built. A subclass of the transforms above is a TypeError (their
+            rules here would skip its changes).
 
     Examples:
         >>> import torch
@@ -118,7 +120,10 @@ class VectorEnvCollector:
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
-        if total_frames is None or total_frames == float("inf"):  # endless, as TorchRL reads them
+        if isinstance(total_frames, torch.Tensor) and total_frames.numel() == 1:  # its number, as TorchRL's int()
+            total_frames = total_frames.item()
+        endless = isinstance(total_frames, float) and (total_frames < 0 or total_frames == float("inf"))
+        if total_frames is None or endless:  # as TorchRL reads them
             total_frames = -1
         elif isinstance(total_frames, float) and total_frames.is_integer():
             total_frames = int(total_frames)
