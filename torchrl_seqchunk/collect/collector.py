@@ -27,7 +27,7 @@ from .policy import tensor_policy
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
-_STATE = ("policy_state_dict", "env_state_dict", "frames", "next_traj_id")  # state_dict()'s entries
+_STATE = ("policy_state_dict", "env_state_dict", "frames", "iter", "traj_pool")  # state_dict()'s, the Collector's
 
 
 class VectorEnvCollector:
@@ -142,7 +142,7 @@ class VectorEnvCollector:
         self.policy, self._built = policy, structure(env, policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
-        self.frames, self._next_traj = 0, 0
+        self.frames, self._iter, self._next_traj = 0, -1, 0  # _iter: the rollouts yielded less one (the Collector's)
         self.reset()  # through TorchRL once: the same first observation and statistics
         if _collector_probes(policy):  # as the Collector calls it when built: the same draws from torch's
             # generator (none where the modules' default interaction type is deterministic), the same in-place changes
@@ -153,7 +153,7 @@ class VectorEnvCollector:
     def __iter__(self) -> Iterator[TensorDictBase]:
         while self.total_frames is None or self.frames < self.total_frames:
             rollout = self.rollout()
-            self.frames += rollout.numel()
+            self.frames, self._iter = self.frames + rollout.numel(), self._iter + 1
             yield split_trajectories(rollout, prefix="collector") if self.split_trajs else rollout
 
     @torch.no_grad()
@@ -186,31 +186,37 @@ class VectorEnvCollector:
         return out
 
     def state_dict(self) -> OrderedDict:
-        """The ``Collector``'s state: ``"policy_state_dict"``, ``"env_state_dict"`` (the env's
-        transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``.
+        """The ``Collector``'s state, in its entries (either collector loads the other's):
+        ``"policy_state_dict"``, ``"env_state_dict"`` (the env's transforms: observation and
+        return statistics), ``"frames"`` (int), ``"iter"`` (int, the rollouts yielded less one)
+        and ``"traj_pool"`` (``{"traj_id": ...}``, the next trajectory id, an int32 0-dim tensor).
         Its tensors are the live ones, as ``nn.Module.state_dict``'s: save it (``torch.save``)
         or deep-copy it before collecting on."""
         return OrderedDict(zip(_STATE, (self.policy.state_dict(), self.env.transform.state_dict(), self.frames,
-                                        self._next_traj)))
+                                        self._iter, {"traj_id": torch.tensor(self._next_traj, dtype=torch.int)})))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Loads :meth:`state_dict`'s output and starts every env anew (:meth:`reset`), its
-        observation normalized by the loaded statistics.
+        """Loads :meth:`state_dict`'s output, or that of TorchRL's ``Collector`` (on the same env
+        and policy, tracking trajectory ids, its default), and starts every env anew
+        (:meth:`reset`), its observation normalized by the loaded statistics.
 
         TorchRL's ``Collector`` goes on with the episodes in flight under new trajectory ids;
         they were normalized by the statistics before the load, so this collector starts new
         ones (a warning says so).
 
         Raises:
-            KeyError: an entry of :meth:`state_dict` missing (a ``Collector``'s state lacks
-                ``"next_traj_id"``). Those of ``nn.Module.load_state_dict`` (strict).
+            KeyError: an entry of :meth:`state_dict` missing (the state of a ``Collector``
+                built with ``track_traj_ids=False`` lacks ``"traj_pool"``). Those of
+                ``nn.Module.load_state_dict`` (strict).
         """
         missing = [key for key in _STATE if key not in state_dict]
         if missing:
-            raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() returned.")
+            raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() or TorchRL's "
+                           "Collector.state_dict() (with track_traj_ids=True) returned.")
         self.policy.load_state_dict(state_dict["policy_state_dict"])
         self.env.transform.load_state_dict(state_dict["env_state_dict"])
-        self.frames, self._next_traj = int(state_dict["frames"]), int(state_dict["next_traj_id"])
+        self.frames, self._iter = int(state_dict["frames"]), int(state_dict["iter"])
+        self._next_traj = int(state_dict["traj_pool"]["traj_id"])
         warnings.warn("VectorEnvCollector.load_state_dict starts every env anew, where TorchRL's Collector "
                       "goes on with the episodes in flight.", stacklevel=2)
         self.reset()
