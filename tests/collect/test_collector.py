@@ -447,13 +447,13 @@ def test_plain_tensor_rules_refuse_masks_and_states_of_the_wrong_kind():
             lstm.step(x, state, torch.zeros(4))
 
 
-def agent_collector(seed: int, *, env_seed: int = 0, **kwargs):
+def agent_collector(seed: int, *, env_seed: int = 0, kind=VectorEnvCollector, **kwargs):
     """The main job's agent and acting env (observation and return statistics, two ResetRNNs)."""
     cfg = Config(num_envs=3, rollout_len=8, max_episode_steps=15, progress=False)
     torch.manual_seed(seed)
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
-    return VectorEnvCollector(make_acting_env(cfg, rnns, env_seed), TensorDictSequential(actor, critic),
-                              frames_per_batch=24, **kwargs)
+    return kind(make_acting_env(cfg, rnns, env_seed), TensorDictSequential(actor, critic), frames_per_batch=24,
+                **kwargs)
 
 
 def test_set_seed_after_building_is_seeding_before():
@@ -482,26 +482,48 @@ def test_set_seed_after_building_is_seeding_before():
                        want[0]["collector", "traj_ids"] - want[0]["collector", "traj_ids"][0, 0])
 
 
-def test_a_loaded_state_goes_on_from_the_saved_one():
-    saved = agent_collector(0, total_frames=96)
+@pytest.mark.parametrize("source", [Collector, VectorEnvCollector])
+def test_a_state_of_either_collector_loads_into_either(source):
+    # a state of either kind, loaded into TorchRL's Collector and into a VectorEnvCollector: both
+    # hold it then (the next trajectory id past the new envs' ids), the env's statistics aside
+    # (the VectorEnvCollector resets its envs, counting their observations), and go on alike
+    saved = agent_collector(0, kind=source, total_frames=96)
     for _ in zip(range(2), saved):
         pass
     state = saved.state_dict()
-    assert state["frames"] == 48 and state["next_traj_id"] == saved._next_traj > 3
-    loaded = agent_collector(1, env_seed=3, total_frames=96)  # other weights, statistics and envs
-    reference = agent_collector(1, env_seed=3).env  # the same env, reset once as at building
+    first = int(state["traj_pool"]["traj_id"])
+    assert state["frames"] == 48 and state["iter"] == 1 and first > 3
+    theirs, mine = (agent_collector(1, env_seed=3, kind=kind, total_frames=96)  # other weights, statistics, envs
+                    for kind in (Collector, VectorEnvCollector))
+    theirs.load_state_dict(state)
     with pytest.warns(UserWarning, match="starts every env anew"):
-        loaded.load_state_dict(state)
-    assert (TensorDict.from_module(loaded.policy) == TensorDict.from_module(saved.policy)).all()
-    # the env starts anew, its first observation normalized by the loaded statistics
+        mine.load_state_dict(state)
+    reference = agent_collector(1, env_seed=3).env  # the same env, reset once as at building
     reference.transform.load_state_dict(state["env_state_dict"])
-    first = reference.reset()
-    rollout = next(iter(loaded))
-    assert torch.equal(rollout["observation"][:, 0], first["observation"])
-    assert rollout["collector", "traj_ids"][:, 0].tolist() == list(range(state["next_traj_id"], state["next_traj_id"] + 3))
-    assert loaded.frames == 72 and len(list(loaded)) == 1  # counted on from the saved 48: 96 in all
-    with pytest.raises(KeyError, match=r"lacks \['next_traj_id'\]"):
-        loaded.load_state_dict({k: v for k, v in state.items() if k != "next_traj_id"})
+    reset = reference.reset()  # its first observation normalized by the loaded statistics, then counted
+    want = {**state, "traj_pool": {"traj_id": torch.tensor(first + 3, dtype=torch.int)}}
+    for collector, env_state in ((theirs, state["env_state_dict"]), (mine, reference.transform.state_dict())):
+        torch.testing.assert_close(collector.state_dict(), {**want, "env_state_dict": env_state}, rtol=0, atol=0)
+    for collector in (theirs, mine):
+        rollouts = list(collector)  # counted on from the saved 48: 96 in all
+        assert len(rollouts) == 2 and collector.state_dict()["iter"] == 3
+        assert rollouts[0]["collector", "traj_ids"][:, 0].tolist() == list(range(first, first + 3))
+        collector.shutdown()
+    assert torch.equal(rollouts[0]["observation"][:, 0], reset["observation"])
+    with pytest.raises(KeyError, match=r"lacks \['traj_pool'\]"):  # a Collector's state with track_traj_ids=False
+        mine.load_state_dict({k: v for k, v in state.items() if k != "traj_pool"})
+
+
+@pytest.mark.parametrize("total_frames", [float("-inf"), -0.5, torch.tensor(12), torch.tensor(-1), torch.tensor([12.0])],
+                         ids=["-inf", "-0.5", "tensor(12)", "tensor(-1)", "tensor([12.])"])
+def test_total_frames_the_collector_accepts_are_read_as_it_reads_them(total_frames):
+    # negative (-inf too): endless; a one-element tensor: its number
+    batches = []
+    for kind in (Collector, VectorEnvCollector):
+        collector = kind(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=total_frames)
+        batches.append(len(list(zip(range(10), collector))))
+        collector.shutdown()
+    assert batches == [3, 3] if total_frames > 0 else batches == [10, 10]
 
 
 @pytest.mark.filterwarnings("ignore:split_trajs=True produces:UserWarning")  # TorchRL's advice on the layout
@@ -512,8 +534,9 @@ def test_endless_collectors_and_split_trajectories_as_the_collectors():
     with pytest.raises(ValueError, match="total_frames must be positive, or negative or None"):
         VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=0)
     assert len(list(VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=1.2e1))) == 3
-    with pytest.raises(TypeError, match="total_frames must be an int"):
-        VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=12.5)
+    for fractional_or_many in (12.5, torch.tensor(12.5), torch.tensor([12, 12])):
+        with pytest.raises(TypeError, match="total_frames must be an int"):
+            VectorEnvCollector(vector_env(InitTracker()), POLICY, frames_per_batch=4, total_frames=fractional_or_many)
     make_env = short_cartpole(lambda: [InitTracker(), RewardSum()])
     out = []
     for kind in (Collector, VectorEnvCollector):

@@ -516,3 +516,25 @@ def test_overlap_is_refused_without_a_carry_or_burn_in_and_on_short_batches():
     with pytest.raises(ValueError, match="burn_in=3 leaves none for the loss"):
         loss(make_chunk()[:, :3])
     loss(make_chunk(steps=7))
+
+
+def test_mask_key_drops_the_same_steps_from_the_loss_and_the_td_error():
+    """Over the kept steps only, by hand: 1-step targets r + gamma (1 - terminated) max_a Q(s', a)
+    of the per-step loop; the dropped steps carry rewards far off every value."""
+    net, rnn = q_network()
+    loss = dqn_loss(net, rnn, gamma=0.5, initial_state="zero", delay_value=False, double_dqn=False,
+                    loss_function="l2", mask_key="learn")
+    td = make_chunk()
+    kept = torch.zeros(3, 9, dtype=torch.bool)
+    kept[:, 3:] = True
+    kept[1, 6] = False
+    td["learn"] = kept
+    td["next", "reward"][~kept] = 100.0
+    out = loss(td)
+    with loss.value_network_params.to_module(net), torch.no_grad():
+        q, q_next, _ = reference(net, rnn, td, lambda b: zeros(1))
+    term = td["next", "terminated"].squeeze(-1)
+    want = td["next", "reward"].squeeze(-1) + 0.5 * (~term) * q_next.max(-1).values
+    gap = ((q * td["action"]).sum(-1) - want)[kept]
+    torch.testing.assert_close(out["loss"], (gap ** 2).mean())
+    torch.testing.assert_close(out["td_error"], gap.abs().mean())

@@ -27,7 +27,7 @@ from .policy import tensor_policy
 __all__ = ["VectorEnvCollector"]
 
 _FLAGS = ("done", "terminated", "truncated")
-_STATE = ("policy_state_dict", "env_state_dict", "frames", "next_traj_id")  # state_dict()'s entries
+_STATE = ("policy_state_dict", "env_state_dict", "frames", "iter", "traj_pool")  # state_dict()'s, the Collector's
 
 
 class VectorEnvCollector:
@@ -70,8 +70,9 @@ class VectorEnvCollector:
     Keyword Args:
         frames_per_batch (int): frames per rollout, a multiple of ``N`` (``T = frames_per_batch // N``).
         total_frames (int or None): frames in all; iteration stops once they are collected
-            (whole rollouts); negative, ``None`` or ``float("inf")``: never, as in TorchRL (a
-            whole float such as ``1e5`` is read as an int). Default ``-1``.
+            (whole rollouts); negative (``float("-inf")`` too), ``None`` or ``float("inf")``:
+            never, as in TorchRL (a whole float such as ``1e5`` is read as an int, a one-element
+            tensor as its number). Default ``-1``.
         device (torch.device or str): where the policy runs and the rollouts are stored (the env
             and its transforms' rules run on the CPU). Default ``"cpu"``.
         split_trajs (bool): yield each rollout split by trajectory (TorchRL's
@@ -86,10 +87,11 @@ class VectorEnvCollector:
             a transform twice or with other keys, ``ReturnScaledReward`` before ``RewardSum``, a ResetRNN of the
             policy without a primer of its state's shape, a primer of random or non-zero values;
             ``frames_per_batch`` not a positive multiple of ``N``; ``total_frames`` 0 (a
-            fractional float is a TypeError); the policy's parameters on another device than
-            ``device``; at a step, a policy that writes no ``"action"``; at a rollout,
-            transforms or policy modules (or their hooks) changed since it was built. A subclass of the transforms
-            above is a TypeError (their rules here would skip its changes).
+            fractional positive float, or a tensor of other than one element, is a TypeError);
+            the policy's parameters on another device than ``device``; at a step, a policy that
+            writes no ``"action"``; at a rollout, transforms or policy modules (or their hooks)
+            changed since it was built. A subclass of the transforms above is a TypeError (their
+            rules here would skip its changes).
 
     Examples:
         >>> import torch
@@ -118,7 +120,10 @@ class VectorEnvCollector:
         if not self.num_envs or frames_per_batch % self.num_envs:
             raise ValueError(f"frames_per_batch={frames_per_batch} must be a multiple of the env batch "
                              f"{list(env.batch_size)}: give num_envs * steps per rollout.")
-        if total_frames is None or total_frames == float("inf"):  # endless, as TorchRL reads them
+        if isinstance(total_frames, torch.Tensor) and total_frames.numel() == 1:  # its number, as TorchRL's int()
+            total_frames = total_frames.item()
+        endless = isinstance(total_frames, float) and (total_frames < 0 or total_frames == float("inf"))
+        if total_frames is None or endless:  # as TorchRL reads them
             total_frames = -1
         elif isinstance(total_frames, float) and total_frames.is_integer():
             total_frames = int(total_frames)
@@ -137,7 +142,7 @@ class VectorEnvCollector:
         self.policy, self._built = policy, structure(env, policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
-        self.frames, self._next_traj = 0, 0
+        self.frames, self._iter, self._next_traj = 0, -1, 0  # _iter: the rollouts yielded less one (the Collector's)
         self.reset()  # through TorchRL once: the same first observation and statistics
         if _collector_probes(policy):  # as the Collector calls it when built: the same draws from torch's
             # generator (none where the modules' default interaction type is deterministic), the same in-place changes
@@ -148,7 +153,7 @@ class VectorEnvCollector:
     def __iter__(self) -> Iterator[TensorDictBase]:
         while self.total_frames is None or self.frames < self.total_frames:
             rollout = self.rollout()
-            self.frames += rollout.numel()
+            self.frames, self._iter = self.frames + rollout.numel(), self._iter + 1
             yield split_trajectories(rollout, prefix="collector") if self.split_trajs else rollout
 
     @torch.no_grad()
@@ -181,31 +186,37 @@ class VectorEnvCollector:
         return out
 
     def state_dict(self) -> OrderedDict:
-        """The ``Collector``'s state: ``"policy_state_dict"``, ``"env_state_dict"`` (the env's
-        transforms: observation and return statistics), ``"frames"`` and ``"next_traj_id"``.
+        """The ``Collector``'s state, in its entries (either collector loads the other's):
+        ``"policy_state_dict"``, ``"env_state_dict"`` (the env's transforms: observation and
+        return statistics), ``"frames"`` (int), ``"iter"`` (int, the rollouts yielded less one)
+        and ``"traj_pool"`` (``{"traj_id": ...}``, the next trajectory id, an int32 0-dim tensor).
         Its tensors are the live ones, as ``nn.Module.state_dict``'s: save it (``torch.save``)
         or deep-copy it before collecting on."""
         return OrderedDict(zip(_STATE, (self.policy.state_dict(), self.env.transform.state_dict(), self.frames,
-                                        self._next_traj)))
+                                        self._iter, {"traj_id": torch.tensor(self._next_traj, dtype=torch.int)})))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Loads :meth:`state_dict`'s output and starts every env anew (:meth:`reset`), its
-        observation normalized by the loaded statistics.
+        """Loads :meth:`state_dict`'s output, or that of TorchRL's ``Collector`` (on the same env
+        and policy, tracking trajectory ids, its default), and starts every env anew
+        (:meth:`reset`), its observation normalized by the loaded statistics.
 
         TorchRL's ``Collector`` goes on with the episodes in flight under new trajectory ids;
         they were normalized by the statistics before the load, so this collector starts new
         ones (a warning says so).
 
         Raises:
-            KeyError: an entry of :meth:`state_dict` missing (a ``Collector``'s state lacks
-                ``"next_traj_id"``). Those of ``nn.Module.load_state_dict`` (strict).
+            KeyError: an entry of :meth:`state_dict` missing (the state of a ``Collector``
+                built with ``track_traj_ids=False`` lacks ``"traj_pool"``). Those of
+                ``nn.Module.load_state_dict`` (strict).
         """
         missing = [key for key in _STATE if key not in state_dict]
         if missing:
-            raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() returned.")
+            raise KeyError(f"state_dict lacks {missing}: load what VectorEnvCollector.state_dict() or TorchRL's "
+                           "Collector.state_dict() (with track_traj_ids=True) returned.")
         self.policy.load_state_dict(state_dict["policy_state_dict"])
         self.env.transform.load_state_dict(state_dict["env_state_dict"])
-        self.frames, self._next_traj = int(state_dict["frames"]), int(state_dict["next_traj_id"])
+        self.frames, self._iter = int(state_dict["frames"]), int(state_dict["iter"])
+        self._next_traj = int(state_dict["traj_pool"]["traj_id"])
         warnings.warn("VectorEnvCollector.load_state_dict starts every env anew, where TorchRL's Collector "
                       "goes on with the episodes in flight.", stacklevel=2)
         self.reset()

@@ -35,6 +35,12 @@ def _is_key(key) -> bool:
     return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(map(_is_key, key)))
 
 
+def _kept_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``x`` ``[B, T, 1]`` over the steps where ``mask`` (of ``x``'s shape and dtype)
+    is 1 (0 where it keeps none); over every step where ``mask`` is ``None``."""
+    return x.mean() if mask is None else (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
 class RecurrentDQNLoss(LossModule):
     """Recurrent (double) n-step DQN loss on ``[B, T]`` chunks, right at every boundary.
 
@@ -117,7 +123,8 @@ class RecurrentDQNLoss(LossModule):
         truncated_key (NestedKey): TorchRL's keys.
 
     Returns (forward):
-        TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached) and
+        TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached; both over the
+        steps ``mask_key`` keeps, 0 where it keeps none) and
         ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in and the
         unroll before an overlap included, ``int64``).
 
@@ -438,15 +445,10 @@ class RecurrentDQNLoss(LossModule):
             )
         chosen = self._pick(online.values, tensordict.get(self.keys["action"], None))  # [B, T, 1]
         value_target = work.get("value_target")
-        error = distance_loss(chosen, value_target, self.loss_function)
-        if self.mask_key is not None:
-            mask = tensordict.get(self.mask_key).reshape(chosen.shape).to(error.dtype)
-            loss = (error * mask).sum() / mask.sum().clamp_min(1.0)
-        else:
-            loss = error.mean()
+        mask = None if self.mask_key is None else tensordict.get(self.mask_key).reshape(chosen.shape).to(chosen.dtype)
         steps = online.recurrent_steps + (target.recurrent_steps if self.delay_value else 0)
         return TensorDict(
-            loss=loss,
-            td_error=(chosen - value_target).abs().mean().detach(),
+            loss=_kept_mean(distance_loss(chosen, value_target, self.loss_function), mask),
+            td_error=_kept_mean((chosen - value_target).abs().detach(), mask),
             recurrent_steps=torch.tensor(steps),
         )
