@@ -8,6 +8,8 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
+INIT_KEY = "is_init"  # TorchRL's episode-start flag (InitTracker), read where is_first_key is absent
+
 
 def read_entry(tensordict: TensorDictBase, arg: str, key: NestedKey, *, flag: bool, required: bool,
                missing: str | None = None) -> torch.Tensor | None:

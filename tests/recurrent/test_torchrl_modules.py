@@ -282,3 +282,21 @@ def test_recurrent_dqn_losses_equal_on_the_module_and_its_kernel():
         rb.extend(data)
         losses.append(torch.stack([loss(rb.sample())["loss"] for _ in range(5)]))
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["gae", "nstep"])
+def test_boundaries_read_is_init_where_is_first_is_absent(where):
+    """A restart that only is_init shows (no done before it) stops the recursion as is_first does."""
+    from torchrl_seqchunk import boundary_gae, boundary_nstep_targets
+
+    flags = torch.zeros(1, 6, 1, dtype=torch.bool)
+    flags[0, 3] = True
+    base = TensorDict({"state_value": torch.ones(1, 6, 1), ("next", "state_value"): torch.ones(1, 6, 1),
+                       ("next", "reward"): torch.ones(1, 6, 1), ("next", "done"): torch.zeros(1, 6, 1, dtype=torch.bool)},
+                      [1, 6])
+    run = ((lambda td: boundary_gae(td, gamma=0.5, lmbda=1.0)["advantage"]) if where == "gae"
+           else (lambda td: boundary_nstep_targets(td, gamma=0.5, n_steps=6)["value_target"]))
+    with_first = run(base.clone().set("is_first", flags))
+    with_init = run(base.clone().set("is_init", flags))
+    torch.testing.assert_close(with_init, with_first)
+    assert not torch.equal(run(base.clone()), with_first)  # the flag matters here

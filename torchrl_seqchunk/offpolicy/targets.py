@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from .._boundaries import check_floating, read_entry, stops
+from .._boundaries import INIT_KEY, check_floating, read_entry, stops
 from .._checks import check_int, check_real
 
 __all__ = ["boundary_nstep_targets"]
@@ -66,7 +66,8 @@ def boundary_nstep_targets(
             ``"next"`` entries. Without ``terminated_key`` it is ``done & ~truncated``
             (``done`` when ``truncated_key`` is absent too), as in
             :func:`~torchrl_seqchunk.boundary_gae`.
-        is_first_key (NestedKey): episode-start flags. Default ``"is_first"``.
+        is_first_key (NestedKey): episode-start flags; where absent, TorchRL's ``"is_init"``
+            is read. Default ``"is_first"``.
         target_key (NestedKey): where the targets go, ``[*B, T, 1]`` in the values'
             dtype. Default ``"value_target"``.
 
@@ -116,6 +117,8 @@ def boundary_nstep_targets(
     terminated = entry("terminated_key", terminated_key, flag=True, required=False)
     truncated = entry("truncated_key", truncated_key, flag=True, required=False)
     is_first = entry("is_first_key", is_first_key, flag=True, required=False)
+    if is_first is None:  # TorchRL's flag, where ours is absent
+        is_first = entry("is_first_key", INIT_KEY, flag=True, required=False)
     terminated, stop = stops(done, terminated, truncated, is_first)
     stop[..., -1, :] = True  # the row's end: bootstrap from ("next", "observation")
     bootstrap = next_value.masked_fill(terminated, 0.0)

@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import nn
 
-from .._boundaries import check_floating, read_entry, stops
+from .._boundaries import INIT_KEY, check_floating, read_entry, stops
 from .._checks import check_real
 from ..recurrent.functional import rnn_with_resets
 
@@ -100,8 +100,8 @@ def boundary_gae(
             step ``t``. Defaults to ``("next", *value_key)``.
         reward_key, done_key, terminated_key, truncated_key (NestedKey): TorchRL's
             ``"next"`` entries.
-        is_first_key (NestedKey): episode-start flag (``"is_init"`` for TorchRL's
-            ``InitTracker``). Defaults to ``"is_first"``.
+        is_first_key (NestedKey): episode-start flag; where absent, TorchRL's ``"is_init"``
+            (``InitTracker``) is read. Defaults to ``"is_first"``.
         advantage_key, value_target_key (NestedKey): where the results go
             (``[*B, T, 1]``, the dtype of the values).
 
@@ -162,6 +162,8 @@ def boundary_gae(
     terminated = entry("terminated_key", terminated_key, flag=True, required=False)
     truncated = entry("truncated_key", truncated_key, flag=True, required=False)
     is_first = entry("is_first_key", is_first_key, flag=True, required=False)
+    if is_first is None:  # TorchRL's flag, where ours is absent
+        is_first = entry("is_first_key", INIT_KEY, flag=True, required=False)
 
     terminated, stop = stops(done, terminated, truncated, is_first)
 
