@@ -30,6 +30,29 @@ def test_every_howto_page_has_snippets():
     assert howtos and all(python_blocks(p) for p in howtos)
 
 
+HOWTOS = sorted((DOCS / "howto").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", HOWTOS, ids=[p.name for p in HOWTOS])
+def test_howto_opens_with_its_shortest_example(page):
+    """A how-to opens API-first: a sentence or two, the shortest code that works, the keys.
+
+    All before its first ``##`` section. The block runs as written: test_page_snippets_run
+    runs a page's blocks in order from an empty namespace, so the first one runs alone.
+    """
+    text = page.read_text()
+    section = re.search(r"^## ", text, re.M)
+    opening = text[: section.start() if section else len(text)]
+    first = BLOCK.search(text)
+    assert first is not None and first.end() <= len(opening), "the first ```python block comes before any ## section"
+    intro = [line for line in text[: first.start()].splitlines()[1:] if line.strip()]
+    assert intro and len(intro) <= 6 and not any(line.startswith("```") for line in intro), (
+        "one or two sentences of what it is, then the code"
+    )
+    assert len([line for line in first.group(1).splitlines() if line.strip()]) <= 35, "the first block is the short one"
+    assert re.search(r"^\|.*\|$", opening[first.end():], re.M), "a table of the keys it reads and writes follows the block"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
 def test_page_snippets_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
