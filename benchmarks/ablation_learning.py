@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from bench_learning import TARGET, summary  # benchmarks/bench_learning.py
-from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import load_main_job, options  # benchmarks/toolkit.py: the recipes' toolkit and the main job
 from tqdm import tqdm
 
 ROWS = {

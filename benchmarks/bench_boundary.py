@@ -51,7 +51,7 @@ from bench_learning import (  # benchmarks/bench_learning.py
     finished_runs,
     plot_runs,
 )
-from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import load_main_job, options  # benchmarks/toolkit.py: the recipes' toolkit and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import make_windows, slot_weights

@@ -64,9 +64,9 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-from toolkit import options  # noqa: E402  benchmarks/toolkit.py: examples/common
+from toolkit import options  # noqa: E402  benchmarks/toolkit.py: the recipes' option checks
 
-from common.loopback import join_loopback_group  # noqa: E402  examples/common/loopback.py
+from torchrl_seqchunk.recipes.common.loopback import join_loopback_group  # noqa: E402
 
 
 def parse_args(argv=None):

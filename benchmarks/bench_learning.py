@@ -42,7 +42,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-from toolkit import checked_config, config_options, load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import checked_config, config_options, load_main_job, options  # benchmarks/toolkit.py: the recipes' toolkit and the main job
 from tqdm import tqdm
 
 from torchrl_seqchunk import MaskObservation

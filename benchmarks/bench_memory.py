@@ -42,8 +42,8 @@ from bench_learning import (  # benchmarks/bench_learning.py
     plot_runs,
     train_sb3,
 )
-import toolkit  # benchmarks/toolkit.py: examples/common and the main job
-from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+import toolkit  # benchmarks/toolkit.py: the recipes' toolkit and the main job
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from tqdm import tqdm
 
 from torchrl_seqchunk import EncodeObservation

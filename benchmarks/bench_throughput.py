@@ -61,7 +61,7 @@ import torch
 from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
 from timing import seconds_per_call, write_figures  # benchmarks/timing.py
-from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import load_main_job  # benchmarks/toolkit.py: the recipes' toolkit and the main job
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.envs import SerialEnv
@@ -69,11 +69,10 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ResetRNN
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
-
-from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
-from common.batching import make_batching  # noqa: E402
-from common.envs import make_acting_env, make_collector, make_env  # noqa: E402
-from common.ppo import add_advantages, update  # noqa: E402
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.batching import make_batching
+from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_collector, make_env
+from torchrl_seqchunk.recipes.common.ppo import add_advantages, update
 
 TASK = "CartPole-v1"
 

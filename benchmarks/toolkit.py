@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
-from common import options  # noqa: E402  examples/common/options.py
+from torchrl_seqchunk.recipes.common import options  # noqa: E402  examples/common/options.py
 
 __all__ = ["EXAMPLES", "checked_config", "config_options", "load_main_job", "options"]
 

@@ -48,7 +48,6 @@ import os
 import re
 import warnings
 from datetime import timedelta
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
@@ -62,16 +61,15 @@ from torchrl.collectors import Collector
 
 from torchrl_seqchunk import EvenEpochs, IngestThread, TagTrajectories, assign_workers, rank_seed
 
-from common import options
-from common.agent import make_agent
-from common.batching import StreamBatching
-from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_env, seeded
-from common.loopback import join_loopback_group, loopback_store
-from common.ppo import LOGGED, add_advantages, anneal, update
-from common.report import Report, check_run_folder, finished_returns
+from torchrl_seqchunk.recipes.common import options
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.batching import StreamBatching
+from torchrl_seqchunk.recipes.common.config import RENAMED, Config
+from torchrl_seqchunk.recipes.common.envs import check_keep, make_acting_env, make_env, seeded
+from torchrl_seqchunk.recipes.common.loopback import join_loopback_group, loopback_store
+from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
+from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
 
-EXAMPLES = Path(__file__).resolve().parent  # shipped to Ray workers as their working_dir
 
 
 @dataclasses.dataclass
@@ -190,8 +188,11 @@ def join_ray(cfg: DistConfig, rank: int) -> None:
     127.0.0.1 (no dashboard; one CPU per worker at least) and whose address it broadcasts."""
     import ray
 
-    ray_options = {"runtime_env": {"working_dir": str(EXAMPLES)},  # the workers import common
-               "log_to_driver": False, "logging_level": "warning"}
+    import torchrl_seqchunk
+
+    # the package travels to the workers, so that they run the learners' code (its toolkit too)
+    ray_options = {"runtime_env": {"py_modules": [torchrl_seqchunk]},
+                   "log_to_driver": False, "logging_level": "warning"}
     address = [cfg.address]
     if not cfg.address:
         if rank == 0:

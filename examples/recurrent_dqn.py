@@ -56,9 +56,9 @@ from torchrl.objectives import HardUpdate, SoftUpdate
 from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
 from torchrl_seqchunk.envs import make_masked_env
 
-from common import envs, options, report  # examples/common
-from common.config import RunConfig
-from common.report import finished_returns
+from torchrl_seqchunk.recipes.common import envs, options, report  # examples/common
+from torchrl_seqchunk.recipes.common.config import RunConfig
+from torchrl_seqchunk.recipes.common.report import finished_returns
 
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
 STREAM = "stream"  # long [B, T]: the stream a row of stream chunks continues

@@ -28,13 +28,13 @@ from __future__ import annotations
 import torch
 from tensordict.nn import TensorDictSequential
 
-from common import options
-from common.agent import make_agent
-from common.batching import make_batching
-from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
-from common.ppo import LOGGED, add_advantages, anneal, update
-from common.report import Report, check_run_folder, finished_returns
+from torchrl_seqchunk.recipes.common import options
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.batching import make_batching
+from torchrl_seqchunk.recipes.common.config import RENAMED, Config
+from torchrl_seqchunk.recipes.common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
+from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
+from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
 
 
 def parse_args(argv=None) -> Config:

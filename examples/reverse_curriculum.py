@@ -11,7 +11,7 @@ own reset, so the agent trains on the task itself.
     python examples/reverse_curriculum.py --env MiniGrid-DoorKey-8x8-v0 --eval-sample  # sampled evaluation
     python examples/reverse_curriculum.py --no-curriculum                  # the same PPO from the env's reset
 
-Demos: examples/data/ (recorded by examples/data/record_demos.py); --demo takes any
+Demos: torchrl_seqchunk/recipes/data/ (recorded by examples/record_demos.py); --demo takes any
 file written by Demo.save for --env. Every --eval-every iterations, --eval-episodes
 episodes from the env's own reset (starting point 0, no curriculum) measure the true
 task. Writes runs/<name>/metrics.csv (per iteration: frames, the maximum starting point,
@@ -35,16 +35,17 @@ from torchrl.collectors import Collector
 from torchrl.envs import Compose, GymWrapper, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from common import options
-from common.agent import make_agent
-from common.batching import make_batching
-from common.config import Config as MainConfig
-from common.ppo import LOGGED, add_advantages, anneal, update
-from common.report import Report, check_run_folder, finished_returns
+from torchrl_seqchunk import recipes
+from torchrl_seqchunk.recipes.common import options
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.batching import make_batching
+from torchrl_seqchunk.recipes.common.config import Config as MainConfig
+from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
+from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
 from torchrl_seqchunk import (Demo, EncodeObservation, ResetManager, ReturnScaledReward, ReverseCurriculum,
                               RunningObservationNorm)
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(recipes.__file__).resolve().parent / "data"  # the demos ship with the package
 CURRICULUM_PNG = "curriculum.png"  # the march and the evaluation, beside the main job's outputs
 #: env id -> (shipped demo, the evaluation's target: ("return", mean) or ("success", rate),
 #: the default --margin: 20 steps slower than the demo)

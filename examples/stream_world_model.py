@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, IndexSelectStorage, ResetRNN, StreamChunkSampler
 
-from common import options
-from common.report import check_run_folder
+from torchrl_seqchunk.recipes.common import options
+from torchrl_seqchunk.recipes.common.report import check_run_folder
 
 try:
     import ale_py

@@ -109,7 +109,7 @@ def test_recurrent_ppo_on_multi_discrete_actions_has_a_deterministic_action(tmp_
     monkeypatch.setenv("PYTHONWARNINGS", "error:deterministic_sample")
     run_example("recurrent_ppo.py", "--env", "popgym:popgym-BattleshipEasy-v0", "--total-frames", "64",
                 "--num-envs", "2", "--keep", "all", "--runs-dir", str(tmp_path), "--name", "battleship")
-    from examples.common.agent import IndependentOneHotCategorical
+    from torchrl_seqchunk.recipes.common.agent import IndependentOneHotCategorical
 
     logits = torch.tensor([[[2.0, 0.5, 1.0], [0.0, 0.0, 3.0]]])  # [1, k=2, n=3]
     expected = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]])  # the argmax of each row, by hand
@@ -170,7 +170,7 @@ def test_distributed_ppo_on_two_learners_and_three_workers(tmp_path):
 
 
 def test_a_seeded_env_factory_seeds_the_worker_generator_the_actions_come_from():
-    from common.envs import seeded
+    from torchrl_seqchunk.recipes.common.envs import seeded
 
     torch.manual_seed(0)
     drawn = seeded(5, lambda: torch.rand(3))  # a Ray worker's env factory, then its first draw

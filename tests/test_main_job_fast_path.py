@@ -13,9 +13,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from toolkit import load_main_job  # noqa: E402  benchmarks/toolkit.py
 
-from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
-from common.envs import make_acting_env, make_env  # noqa: E402
-from common.ppo import next_values  # noqa: E402
+from torchrl_seqchunk.recipes.common.agent import make_agent  # noqa: E402
+from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_env  # noqa: E402
+from torchrl_seqchunk.recipes.common.ppo import next_values  # noqa: E402
 
 job = load_main_job()
 

@@ -27,9 +27,9 @@ from bench_curriculum import load_example  # noqa: E402
     (["--keep", "0"], "--keep does not apply here"),
     (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: "),
     (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
-    (["--env", "CartPole-v1", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
+    (["--env", "CartPole-v1", "--demo", str(ROOT / "torchrl_seqchunk/recipes/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
     (["--demo", "/no/such/demo.npz"], "--demo: cannot read demo file"),
-    (["--no-curriculum", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "--demo applies to --curriculum only"),
+    (["--no-curriculum", "--demo", str(ROOT / "torchrl_seqchunk/recipes/data/mountain_car_demo.npz")], "--demo applies to --curriculum only"),
     (["--env", "Acrobot-v1", "--stop-at-target"], "has no target to stop at; this example's targets are its tasks'"),
 ])
 def test_bad_options_are_refused_by_name_before_any_output(tmp_path, capsys, argv, message):

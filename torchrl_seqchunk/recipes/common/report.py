@@ -8,7 +8,7 @@ written). A running run claims its folder (``.running``, its process id): a seco
 started on the same folder while the first runs is refused (status 2) instead of writing
 into the same metrics.csv; the claim of a process that ended is taken over. TorchRL's ``CSVLogger`` writes one file per scalar under ``scalars/`` and
 ``generate_exp_name`` adds a date and a random id, so neither gives the one table of a
-named, reproducible run folder that the examples and benchmarks read.
+named, reproducible run folder that the recipes and benchmarks read.
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ class Report:
     def __init__(self, out_dir: Path, *, planned_frames: int, target: float | None = None,
                  return_window: int = 20, stop_at_target: bool = False, progress: bool = True,
                  outputs: tuple[str, ...] = ()):
-        from .options import or_fail  # the examples' refusal (status 2)
+        from .options import or_fail  # the recipes' refusal (status 2)
 
         self.out_dir, self.target, self.stop_at_target = Path(out_dir), target, stop_at_target
         or_fail(claim, self.out_dir)

@@ -1,4 +1,4 @@
-"""Command lines and option checks for every example and benchmark, in one place.
+"""Command lines and option checks for every recipe and benchmark, in one place.
 
 A Config dataclass becomes a command line through tyro (help from the fields' docstrings,
 choices from ``Literal`` types, booleans as ``--x/--no-x``); its ``check()`` method checks
@@ -117,10 +117,8 @@ def cli(config: type, description: str, argv: Sequence[str] | None = None, renam
     """The Config dataclass ``config`` filled from the command line ``argv`` (default: ``sys.argv``)
     and checked (its ``check()``; a ValueError refuses the command). ``renamed`` maps deprecated
     flags to their new spelling: they still work, with a ``FutureWarning``."""
-    try:
-        import tyro
-    except ModuleNotFoundError as err:  # tyro comes with the test extra
-        raise SystemExit('the examples need tyro: pip install -e ".[test]"') from err
+    import tyro
+
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(argv):
         old, eq, value = arg.partition("=")
@@ -150,7 +148,7 @@ def given_fields(config: type, argv: Sequence[str]) -> set[str]:
 def applicable(cfg, given: Collection[str] | None = None) -> None:
     """Refuses an option that the run would ignore: ``type(cfg).APPLIES`` maps a field to ``(owner,
     values, note)``, the field applying only while field ``owner`` is one of ``values`` (a tuple, or
-    a ``range`` of integers; ``owner`` None: never, in this Config's script). Such an option is refused where ``given`` names it (the
+    a ``range`` of integers; ``owner`` None: never, in this Config's recipe). Such an option is refused where ``given`` names it (the
     fields a command line sets: a value equal to the default is still refused) or, with
     ``given=None`` (a Config built in code), where it differs from its default. A ValueError names
     the flags and the fix."""
