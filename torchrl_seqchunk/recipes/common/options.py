@@ -113,10 +113,12 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def cli(config: type, description: str, argv: Sequence[str] | None = None, renamed: dict[str, str] | None = None):
+def cli(config: type, description: str, argv: Sequence[str] | None = None, renamed: dict[str, str] | None = None,
+        *, prog: str | None = None):
     """The Config dataclass ``config`` filled from the command line ``argv`` (default: ``sys.argv``)
     and checked (its ``check()``; a ValueError refuses the command). ``renamed`` maps deprecated
-    flags to their new spelling: they still work, with a ``FutureWarning``."""
+    flags to their new spelling: they still work, with a ``FutureWarning``; ``prog``: the
+    command's name in its usage line (default: the script's)."""
     import tyro
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -125,7 +127,7 @@ def cli(config: type, description: str, argv: Sequence[str] | None = None, renam
         if renamed and old in renamed:
             warnings.warn(f"{old} is deprecated; use {renamed[old]}.", FutureWarning, stacklevel=2)
             argv[i] = renamed[old] + eq + value
-    cfg = tyro.cli(config, args=argv, description=description)
+    cfg = tyro.cli(config, args=argv, description=description, prog=prog)
     or_fail(cfg.check)
     or_fail(applicable, cfg, given_fields(config, argv))
     return cfg

@@ -1,12 +1,15 @@
-"""Recurrent PPO on a partially observable task, composed from TorchRL and torchrl_seqchunk.
+"""Recurrent PPO on a partially observable task, composed from TorchRL and torchrl_seqchunk (the main job).
 
 Default task: CartPole-v1 without its velocity components (the agent sees cart position
 and pole angle only), so it must infer velocities from memory.
 
-    python examples/recurrent_ppo.py                               # windows, reset_continue
-    python examples/recurrent_ppo.py --boundary-mode mask          # the usual masked baseline
-    python examples/recurrent_ppo.py --batching streams            # stream chunks + carry
-    python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
+    seqchunk ppo                               # windows, reset_continue
+    seqchunk ppo --boundary-mode mask          # the usual masked baseline
+    seqchunk ppo --batching streams            # stream chunks + carry
+    seqchunk ppo --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
+
+In Python: ``run = ppo.train(ppo.Config(env="Pendulum-v1", keep="0,1"))``; ``run.rows`` are
+metrics.csv's rows, ``run.out_dir`` the run's folder.
 
 Pipeline per iteration:
   1. a collector steps `num_envs` envs (observations normalized by VecNormV2's rule, its
@@ -28,23 +31,35 @@ from __future__ import annotations
 import torch
 from tensordict.nn import TensorDictSequential
 
-from torchrl_seqchunk.recipes.common import options
-from torchrl_seqchunk.recipes.common.agent import make_agent
-from torchrl_seqchunk.recipes.common.batching import make_batching
-from torchrl_seqchunk.recipes.common.config import RENAMED, Config
-from torchrl_seqchunk.recipes.common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
-from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
-from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
+from .common.agent import make_agent
+from .common.batching import make_batching
+from .common.config import RENAMED, Config
+from .common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
+from .common.ppo import LOGGED, add_advantages, anneal, update
+from .common.report import Report, Run, check_run_folder, finished_returns
+
+__all__ = ["RENAMED", "Config", "Run", "check_command", "train"]
 
 
-def parse_args(argv=None) -> Config:
-    cfg = options.cli(Config, __doc__, argv, RENAMED)
-    options.or_fail(check_keep, cfg)
-    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+def check_command(cfg: Config) -> Config:
+    """The checks of a command line beyond ``cfg.check()``: ``--keep`` against one env of the
+    run, and the run folder (a finished run is kept unless ``--overwrite``). Returns ``cfg``;
+    a ValueError names the flag and the fix."""
+    check_keep(cfg)
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
-def main(cfg: Config) -> list[dict]:
+def train(cfg: Config) -> Run:
+    """Trains recurrent PPO as ``cfg`` says, writing ``<runs_dir>/<name>/``; returns the Run
+    (metrics rows: frames, wall_s, episodes, return_mean and the mean losses of each
+    iteration). A ValueError names the option and the fix (nothing is written then).
+
+    Examples:
+        >>> from torchrl_seqchunk.recipes import ppo
+        >>> ppo.Config(env="Pendulum-v1", keep="0,1").name  # the run's folder under runs/
+        'Pendulum-v1_reset_continue_seed0'
+    """
     cfg.check()  # a Config built in code is checked as a command line is
     out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     torch.manual_seed(cfg.seed)
@@ -76,9 +91,4 @@ def main(cfg: Config) -> list[dict]:
         if report.reached:
             break
     collector.shutdown()
-    report.close(cfg.name)
-    return report.rows
-
-
-if __name__ == "__main__":
-    main(parse_args())
+    return report.close(cfg.name)

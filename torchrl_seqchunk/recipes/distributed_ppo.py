@@ -1,6 +1,6 @@
 """Recurrent PPO on stream chunks with several learner processes and env workers.
 
-The main job (examples/recurrent_ppo.py, `--batching streams`) past one process:
+The main job (`seqchunk ppo --batching streams`) past one process:
 `--learners W` learner processes (torch.distributed gloo ranks bound to 127.0.0.1, or NCCL
 with a CUDA `--device`), each a DistributedDataParallel replica, and `--workers N` env
 workers (TorchRL collectors of `--num-envs` envs each) assigned to the learners round robin.
@@ -9,16 +9,16 @@ workers (TorchRL collectors of `--num-envs` envs each) assigned to the learners 
   ray    each worker is a TorchRL RayCollector actor. Without `--address`, rank 0 starts a
          local Ray cluster bound to 127.0.0.1, without dashboard, and stops it at the end;
          with `--address` (e.g. "auto", "head-node:6379") every rank joins that cluster,
-         which outlives the run. Needs the `distributed` extra (pip install -e ".[distributed]").
+         which outlives the run. Needs the `distributed` extra (pip install "torchrl-seqchunk[distributed]").
 
-    python examples/distributed_ppo.py                          # 2 learners, 2 workers
-    python examples/distributed_ppo.py --learners 2 --workers 4
-    python examples/distributed_ppo.py --engine ray             # workers as Ray actors
-    python examples/distributed_ppo.py --engine ray --address auto
+    seqchunk distributed-ppo                          # 2 learners, 2 workers
+    seqchunk distributed-ppo --learners 2 --workers 4
+    seqchunk distributed-ppo --engine ray             # workers as Ray actors
+    seqchunk distributed-ppo --engine ray --address auto
     torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head-node:29400 \
-        examples/distributed_ppo.py --engine ray --address head-node:6379   # on every node
+        --no-python seqchunk distributed-ppo --engine ray --address head-node:6379   # on every node
 
-Started by torchrun, the script runs one learner rank in its own process and joins torchrun's
+Started by torchrun, the command runs one learner rank in its own process and joins torchrun's
 group (env://: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT): the learners are
 torchrun's ranks on every node (`--learners`, if given, must equal its world size), and a CUDA
 `--device` means the GPU of LOCAL_RANK. torchrun's rendezvous store and gloo's sockets use the
@@ -61,19 +61,21 @@ from torchrl.collectors import Collector
 
 from torchrl_seqchunk import EvenEpochs, IngestThread, TagTrajectories, assign_workers, rank_seed
 
-from torchrl_seqchunk.recipes.common import options
-from torchrl_seqchunk.recipes.common.agent import make_agent
-from torchrl_seqchunk.recipes.common.batching import StreamBatching
-from torchrl_seqchunk.recipes.common.config import RENAMED, Config
-from torchrl_seqchunk.recipes.common.envs import check_keep, make_acting_env, make_env, seeded
-from torchrl_seqchunk.recipes.common.loopback import join_loopback_group, loopback_store
-from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
-from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
+from .common.agent import make_agent
+from .common.batching import StreamBatching
+from .common.config import RENAMED
+from .common.config import Config as MainConfig
+from .common.envs import check_keep, make_acting_env, make_env, seeded
+from .common.loopback import join_loopback_group, loopback_store
+from .common.ppo import LOGGED, add_advantages, anneal, update
+from .common.report import Report, Run, check_run_folder, finished_returns
+
+__all__ = ["RENAMED", "Config", "Run", "check_command", "train"]
 
 
 
 @dataclasses.dataclass
-class DistConfig(Config):
+class Config(MainConfig):
     batching: Literal["streams"] = "streams"
     """stream chunks with a carried state (the only batching here)"""
     # the main job's windows batching: no flags here
@@ -95,7 +97,7 @@ class DistConfig(Config):
     """ray only: the Ray cluster to join ("auto", "host:port"); "" starts a local cluster on 127.0.0.1, without
     dashboard, for the run"""
     APPLIES: ClassVar[dict[str, tuple[str | None, tuple | range, str]]] = {
-        **Config.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)"),
+        **MainConfig.APPLIES, "address": ("engine", ("ray",), " (it names the Ray cluster to join)"),
         # no flags here; a Config built in code that sets them is refused (they would be ignored)
         **{name: (None, (), " (distributed_ppo batches stream chunks only)")
            for name in ("boundary_mode", "window", "stride", "minibatches")},
@@ -108,7 +110,7 @@ class DistConfig(Config):
     def check(self) -> None:
         world = torchrun_world_size()
         if world is not None:
-            if self.learners not in (world, DistConfig.learners):
+            if self.learners not in (world, Config.learners):
                 raise ValueError(f"--learners {self.learners}, but torchrun started {world} ranks (WORLD_SIZE); "
                                  "under torchrun the learners are its ranks: leave --learners out")
             if self.engine == "ray" and not self.address:
@@ -127,13 +129,15 @@ class DistConfig(Config):
                              f"the CPU too; got --device {self.device} (use --engine local on GPUs)")
 
 
-def parse_args(argv=None) -> DistConfig:
-    cfg = options.cli(DistConfig, __doc__, argv, RENAMED)
+def check_command(cfg: Config) -> Config:
+    """The Config a command line runs: under torchrun, its world size as ``--learners`` (and the
+    default name that follows); ``--keep`` checked against one env of the run, and the run
+    folder (a finished run is kept unless ``--overwrite``). A ValueError names the flag and the fix."""
     world = torchrun_world_size()
     if world is not None:  # under torchrun, the learners are its ranks
         cfg = dataclasses.replace(cfg, learners=world, name="" if cfg.name == cfg.default_name() else cfg.name)
-    options.or_fail(check_keep, cfg)
-    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+    check_keep(cfg)
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
@@ -145,11 +149,11 @@ def torchrun_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"])
 
 
-def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch: int, total_frames: int):
+def make_collector(cfg: Config, worker: int, policy, rnns, frames_per_batch: int, total_frames: int):
     """Env worker `worker`: a TorchRL collector of one acting env (num_envs envs) whose trajectory
     ids carry the worker's tag; in this process (local) or a Ray actor (ray)."""
-    # a picklable factory: the toolkit's Config, which Ray workers import, not this script's class
-    job = Config(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
+    # the main job's Config for the env factory: what the acting env reads, nothing of the learners
+    job = MainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(MainConfig)})
     env_factory = functools.partial(make_acting_env, job, rnns, cfg.seed + 1000 * worker)
     collector_options = {"postproc": TagTrajectories(worker, cfg.workers)}
     if cfg.engine == "local":  # its actions come from the rank's generator (seeded in learner)
@@ -169,7 +173,7 @@ def make_collector(cfg: DistConfig, worker: int, policy, rnns, frames_per_batch:
     )
 
 
-def send_weights(cfg: DistConfig, collector, policy) -> None:
+def send_weights(cfg: Config, collector, policy) -> None:
     """The policy's current weights to a worker, before it collects again.
 
     A local collector steps the learner's own policy module. A Ray worker gets them through
@@ -183,7 +187,7 @@ def send_weights(cfg: DistConfig, collector, policy) -> None:
         collector.map_fn("update_policy_weights_", list_of_kwargs=[{"policy_or_weights": weights}])
 
 
-def join_ray(cfg: DistConfig, rank: int) -> None:
+def join_ray(cfg: Config, rank: int) -> None:
     """Connects this rank to Ray: to --address, or to a local cluster that rank 0 starts on
     127.0.0.1 (no dashboard; one CPU per worker at least) and whose address it broadcasts."""
     import ray
@@ -204,7 +208,7 @@ def join_ray(cfg: DistConfig, rank: int) -> None:
         ray.init(address=address[0], **ray_options)
 
 
-def leave_ray(cfg: DistConfig, rank: int) -> None:
+def leave_ray(cfg: Config, rank: int) -> None:
     """Disconnects every rank; the owner of a local cluster (rank 0) stops it once the others left."""
     import ray
 
@@ -216,7 +220,7 @@ def leave_ray(cfg: DistConfig, rank: int) -> None:
         ray.shutdown()
 
 
-def rank_device(cfg: DistConfig, local_rank: int) -> torch.device:
+def rank_device(cfg: Config, local_rank: int) -> torch.device:
     """The learner's device: one GPU per rank on its node for a CUDA --device without index."""
     device = torch.device(cfg.device)
     if device.type == "cuda" and device.index is None:
@@ -224,26 +228,27 @@ def rank_device(cfg: DistConfig, local_rank: int) -> torch.device:
     return device
 
 
-def spawned_learner(rank: int, cfg: DistConfig, port: int) -> None:
-    """One learner rank started by main(): joins the other ranks through the loopback_store."""
+def spawned_learner(rank: int, cfg: Config, port: int) -> None:
+    """One learner rank started by train(): joins the other ranks through the loopback_store."""
     device = rank_device(cfg, rank)
     join_loopback_group("nccl" if device.type == "cuda" else "gloo", rank, cfg.learners, port)
     learner(rank, dataclasses.replace(cfg, device=str(device)))
 
 
-def torchrun_learner(cfg: DistConfig) -> None:
-    """This process as the learner rank torchrun started: joins torchrun's group (env://)."""
+def torchrun_learner(cfg: Config) -> Run | None:
+    """This process as the learner rank torchrun started: joins torchrun's group (env://).
+    Returns rank 0's Run (None on the other ranks)."""
     rank = int(os.environ["RANK"])
     if rank == 0:
         check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)  # refuse to replace a finished run before starting
     device = rank_device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(minutes=5))
-    learner(rank, dataclasses.replace(cfg, device=str(device)))
+    return learner(rank, dataclasses.replace(cfg, device=str(device)))
 
 
-def learner(rank: int, cfg: DistConfig) -> None:
+def learner(rank: int, cfg: Config) -> Run | None:
     """One learner rank, in the default process group: its workers' collectors, buffer, streams
-    and DDP replica."""
+    and DDP replica. Returns the Run on rank 0 (which writes the report), None on the others."""
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     torch.set_num_threads(cfg.threads)
@@ -306,27 +311,34 @@ def learner(rank: int, cfg: DistConfig) -> None:
             ingest.close()
         for collector in collectors:
             collector.shutdown()
-    if report is not None:
-        report.close(cfg.name)
+    run = report.close(cfg.name) if report is not None else None
     if cfg.engine == "ray":
         leave_ray(cfg, rank)
     dist.destroy_process_group()
+    return run
 
 
-def main(cfg: DistConfig) -> None:
+def train(cfg: Config) -> Run | None:
+    """Trains recurrent PPO on stream chunks with ``cfg.learners`` learner processes (spawned
+    here, or this process as one rank under torchrun) and ``cfg.workers`` env workers,
+    writing ``<runs_dir>/<name>/`` from rank 0; returns the Run (metrics rows as the main
+    job's, frames of all workers), read back from metrics.csv. Under torchrun: rank 0's Run,
+    None on the other ranks. A ValueError names the option and the fix.
+
+    Examples:
+        >>> from torchrl_seqchunk.recipes import distributed_ppo
+        >>> distributed_ppo.Config(workers=4).name  # the run's folder under runs/
+        'CartPole-v1_streams_local_2learners_4workers_seed0'
+    """
     cfg.check()
     if torchrun_world_size() is not None:
-        torchrun_learner(cfg)
-        return
+        return torchrun_learner(cfg)
     if cfg.engine == "ray" and not cfg.address:
         # Read by the ranks when they import Ray: the switch that keeps a cluster on the loopback
         # (Ray's default on macOS and Windows), so that every Ray process binds 127.0.0.1 only,
         # and token authentication on every rank (~/.ray/auth_token, made by the first ray.init)
         os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token")
-    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)  # refuse to replace a finished run before starting
+    out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)  # refuse to replace a finished run first
     store = loopback_store()  # serves the learners' rendezvous while they run
     mp.start_processes(spawned_learner, args=(cfg, store.port), nprocs=cfg.learners, start_method="spawn")
-
-
-if __name__ == "__main__":
-    main(parse_args())
+    return Run.read(out_dir)  # what rank 0 wrote

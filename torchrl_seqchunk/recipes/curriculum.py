@@ -6,15 +6,15 @@ moves the maximum starting point back as episodes reach the goal at least as wel
 the demo, until the agent starts where the demo did. Then starting point 0 is the env's
 own reset, so the agent trains on the task itself.
 
-    python examples/reverse_curriculum.py                                  # MountainCar-v0
-    python examples/reverse_curriculum.py --env MiniGrid-DoorKey-5x5-v0    # the minigrid extra
-    python examples/reverse_curriculum.py --env MiniGrid-DoorKey-8x8-v0 --eval-sample  # sampled evaluation
-    python examples/reverse_curriculum.py --no-curriculum                  # the same PPO from the env's reset
+    seqchunk curriculum                                  # MountainCar-v0
+    seqchunk curriculum --env MiniGrid-DoorKey-5x5-v0    # the minigrid extra
+    seqchunk curriculum --env MiniGrid-DoorKey-8x8-v0 --eval-sample  # sampled evaluation
+    seqchunk curriculum --no-curriculum                  # the same PPO from the env's reset
 
-Demos: torchrl_seqchunk/recipes/data/ (recorded by examples/record_demos.py); --demo takes any
-file written by Demo.save for --env. Every --eval-every iterations, --eval-episodes
-episodes from the env's own reset (starting point 0, no curriculum) measure the true
-task. Writes runs/<name>/metrics.csv (per iteration: frames, the maximum starting point,
+Demos: shipped with the package (torchrl_seqchunk/recipes/data/, recorded by the repository's
+examples/record_demos.py); --demo takes any file written by Demo.save for --env. Every
+--eval-every iterations, --eval-episodes episodes from the env's own reset (starting point 0,
+no curriculum) measure the true task. Writes runs/<name>/metrics.csv (per iteration: frames, the maximum starting point,
 the success rate of the training episodes, the evaluation's mean return and success
 rate; then the main job's columns) and, beside it, learning_curve.png (training episodes)
 and curriculum.png (the maximum starting point and the evaluation against frames).
@@ -35,17 +35,19 @@ from torchrl.collectors import Collector
 from torchrl.envs import Compose, GymWrapper, InitTracker, ParallelEnv, RewardSum, SerialEnv, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from torchrl_seqchunk import recipes
-from torchrl_seqchunk.recipes.common import options
-from torchrl_seqchunk.recipes.common.agent import make_agent
-from torchrl_seqchunk.recipes.common.batching import make_batching
-from torchrl_seqchunk.recipes.common.config import Config as MainConfig
-from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, anneal, update
-from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished_returns
 from torchrl_seqchunk import (Demo, EncodeObservation, ResetManager, ReturnScaledReward, ReverseCurriculum,
                               RunningObservationNorm)
 
-DATA = Path(recipes.__file__).resolve().parent / "data"  # the demos ship with the package
+from .common import options
+from .common.agent import make_agent
+from .common.batching import make_batching
+from .common.config import Config as MainConfig
+from .common.ppo import LOGGED, add_advantages, anneal, update
+from .common.report import Report, Run, check_run_folder, finished_returns
+
+__all__ = ["TASKS", "Config", "Run", "check_command", "train"]
+
+DATA = Path(__file__).resolve().parent / "data"  # the demos ship with the package (package data)
 CURRICULUM_PNG = "curriculum.png"  # the march and the evaluation, beside the main job's outputs
 #: env id -> (shipped demo, the evaluation's target: ("return", mean) or ("success", rate),
 #: the default --margin: 20 steps slower than the demo)
@@ -115,7 +117,7 @@ class Config(MainConfig):
         stops; None for an env without one."""
         return TASKS[self.env][1][1] if self.env in TASKS else None
 
-    TARGET_FIX: ClassVar[str] = f"this example's targets are its tasks' ({', '.join(TASKS)})"
+    TARGET_FIX: ClassVar[str] = f"this recipe's targets are its tasks' ({', '.join(TASKS)})"
 
     def default_name(self) -> str:
         arm = "curriculum" if self.curriculum else "scratch"
@@ -127,7 +129,8 @@ class Config(MainConfig):
             try:
                 import minigrid  # noqa: F401  (registers the MiniGrid ids)
             except ModuleNotFoundError:
-                raise ValueError(f"--env {self.env} needs the minigrid extra: pip install -e '.[minigrid]'") from None
+                raise ValueError(f"--env {self.env} needs the minigrid extra: pip install 'torchrl-seqchunk[minigrid]' "
+                                 "(in a checkout: pip install -e '.[minigrid]')") from None
         super().check()
         for name, low in {"spread": 0, "nudge": 1, "eval_every": 1, "eval_episodes": 1}.items():
             options.integer(name, getattr(self, name), low)
@@ -169,10 +172,11 @@ class Config(MainConfig):
         return Demo.load(self.demo_path)
 
 
-def parse_args(argv=None) -> Config:
-    """The Config of the command line; every option is checked before any output is touched."""
-    cfg = options.cli(Config, __doc__, argv)
-    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+def check_command(cfg: Config) -> Config:
+    """The checks of a command line beyond ``cfg.check()`` (which loads the demo): the run
+    folder (a finished run is kept unless ``--overwrite``). Returns ``cfg``; a ValueError names
+    the flag and the fix."""
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
@@ -215,8 +219,6 @@ def make_env(cfg: Config, demo: Demo | None, manager: ResetManager | None, num_e
     env = TransformedEnv(batched, Compose(*top, InitTracker(init_key="is_first"), RewardSum(), *transforms))
     env.set_seed(seed)
     return env
-
-
 
 
 def evaluate(cfg: Config, actor, rnns, obs_norm: RunningObservationNorm | None, index: int) -> tuple[float, float]:
@@ -269,7 +271,19 @@ def plot(rows: list[dict], path: Path, cfg: Config) -> None:
     plt.close(fig)
 
 
-def main(cfg: Config) -> list[dict]:
+def train(cfg: Config) -> Run:
+    """Trains the main job's recurrent PPO with (or, ``curriculum=False``, without) the reverse
+    curriculum, writing ``<runs_dir>/<name>/``; returns the Run (metrics rows per iteration:
+    frames, wall_s, episodes, return_mean, max_starting_point, success_rate, eval_return,
+    eval_success, then the PPO losses; files: metrics.csv, learning_curve.png, curriculum.png).
+    A ValueError names the option and the fix.
+
+    Examples:
+        >>> from torchrl_seqchunk.recipes import curriculum
+        >>> cfg = curriculum.Config()  # MountainCar-v0 from its shipped demo
+        >>> cfg.name, cfg.demo_path.endswith("mountain_car_demo.npz")
+        ('MountainCar-v0_curriculum_seed0', True)
+    """
     cfg.check()  # a Config built in code is checked as a command line is
     out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     torch.manual_seed(cfg.seed)
@@ -315,10 +329,6 @@ def main(cfg: Config) -> list[dict]:
         if cfg.stop_at_target and met(cfg, *evaluation) and (manager is None or manager.maximum == 0):
             break
     collector.shutdown()
-    report.close(cfg.name)
+    run = report.close(cfg.name)
     plot(report.rows, out_dir / CURRICULUM_PNG, cfg)
-    return report.rows
-
-
-if __name__ == "__main__":  # ParallelEnv workers re-import this module
-    main(parse_args())
+    return dataclasses.replace(run, files=(*run.files, out_dir / CURRICULUM_PNG))

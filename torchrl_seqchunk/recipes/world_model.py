@@ -1,7 +1,9 @@
 """A next-frame world model trained on stream chunks of Atari pixels.
 
-    python examples/stream_world_model.py                       # Breakout, 20k frames
-    python examples/stream_world_model.py --env ALE/Pong-v5 --train-steps 500
+    seqchunk world-model                       # Breakout, 20k frames
+    seqchunk world-model --env ALE/Pong-v5 --train-steps 500
+
+Needs the atari extra (ale-py): pip install "torchrl-seqchunk[atari]".
 
 1. A plain gymnasium loop plays a random policy and writes each finished episode into a
    TorchRL storage (observation [1, 64, 64] uint8, action, and the "next" keys).
@@ -35,13 +37,10 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, IndexSelectStorage, ResetRNN, StreamChunkSampler
 
-from torchrl_seqchunk.recipes.common import options
-from torchrl_seqchunk.recipes.common.report import check_run_folder
+from .common import options
+from .common.report import METRICS, Run, check_run_folder
 
-try:
-    import ale_py
-except ModuleNotFoundError as err:  # the Atari games come with the optional extra
-    raise SystemExit('this example needs ale-py: pip install -e ".[atari]"') from err
+__all__ = ["Config", "FrameModel", "Run", "check_command", "train"]
 
 
 @dataclasses.dataclass
@@ -86,6 +85,11 @@ class Config:
                           "seq_len": 1, "hidden": 1, "prefetch_depth": 1, "threads": 1}.items():
             options.integer(name, getattr(self, name), low)
         options.integer("seed", self.seed, 0, 2**64 - 1)  # torch.manual_seed's range
+        try:
+            import ale_py
+        except ModuleNotFoundError:  # the Atari games come with the optional extra
+            raise ValueError(f"--env {self.env}: the Atari games need ale-py: pip install "
+                             "'torchrl-seqchunk[atari]' (in a checkout: pip install -e '.[atari]')") from None
         gym.register_envs(ale_py)
         options.gym_id("env", self.env)
         if not self.env.startswith("ALE/"):
@@ -97,9 +101,10 @@ class Config:
         options.device("device", self.device)
 
 
-def parse_args(argv=None) -> Config:
-    cfg = options.cli(Config, __doc__, argv)
-    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+def check_command(cfg: Config) -> Config:
+    """The checks of a command line beyond ``cfg.check()``: the run folder (a finished run is
+    kept unless ``--overwrite``). Returns ``cfg``; a ValueError names the flag and the fix."""
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
@@ -212,7 +217,18 @@ def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(cfg: Config) -> dict[str, np.ndarray]:
+def train(cfg: Config) -> Run:
+    """Collects random-policy episodes, then trains the carry and the reset model on the same
+    stream chunks, writing ``<runs_dir>/<name>/``; returns the Run (metrics rows: step,
+    loss_carry, loss_reset_at_chunk_start; files: metrics.csv, loss_by_position.csv, its
+    figure). A ValueError names the option and the fix; a run whose random policy ends no
+    episode within ``total_frames`` exits with status 2 before training.
+
+    Examples:
+        >>> from torchrl_seqchunk.recipes import world_model
+        >>> world_model.Config(env="ALE/Pong-v5").name  # the run's folder under runs/
+        'world_model_Pong-v5_seed0'
+    """
     cfg.check()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -246,10 +262,12 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
 
     waited, start = 0.0, time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)  # every option checked, the data collected
+    rows = []
     with ChunkPrefetcher(buffer.sample, depth=cfg.prefetch_depth, device=cfg.device) as chunks, \
-            open(out_dir / "metrics.csv", "w", newline="") as f:
+            open(out_dir / METRICS, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["step", *[f"loss_{k.replace(' ', '_')}" for k in models]])
+        columns = ["step", *[f"loss_{k.replace(' ', '_')}" for k in models]]
+        writer.writerow(columns)
         it = iter(chunks)
         for step in tqdm(range(cfg.train_steps), desc="train", unit="steps"):
             t0 = time.perf_counter()
@@ -265,6 +283,7 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
                 if step >= cfg.train_steps - tail:
                     curves[label] += per_t.detach().cpu() / tail
             writer.writerow(row)
+            rows.append(dict(zip(columns, row)))
     elapsed = time.perf_counter() - start
 
     curves = {k: v.numpy() for k, v in curves.items()}
@@ -280,8 +299,4 @@ def main(cfg: Config) -> dict[str, np.ndarray]:
     for label, curve in curves.items():
         later = f"  t>=8 {curve[8:].mean():.4f}" if cfg.seq_len > 8 else ""  # none with --seq-len 8 or less
         print(f"{label:>22}: loss t=0 {curve[0]:.4f}  t<8 {curve[:8].mean():.4f}{later}")
-    return curves
-
-
-if __name__ == "__main__":
-    main(parse_args())
+    return Run(out_dir, rows, tuple(out_dir / n for n in (METRICS, "loss_by_position.csv", "loss_by_position.png")))

@@ -1,4 +1,4 @@
-"""examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
+"""The recipes' toolkit (torchrl_seqchunk/recipes/common): option checks, the run folder and the report, by hand."""
 import dataclasses
 import importlib.util
 import math

@@ -1,18 +1,18 @@
 """Recurrent Q-learning from replay (R2D2-style), composed from TorchRL and torchrl_seqchunk.
 
-Default task: CartPole-v1 without its velocity components, as the main job's. Double DQN
+Default task: CartPole-v1 without its velocity components, as the main job's (``seqchunk ppo``). Double DQN
 with n-step returns, a target network (TorchRL's SoftUpdate, or HardUpdate), per-env
 epsilon-greedy (env i explores with eps_base ** (1 + eps_alpha * i / (num_envs - 1)), as
 Ape-X and R2D2 do) and a replay ratio. `--replay` chooses how training sequences come
 from replay, everything else equal:
 
-    python examples/recurrent_dqn.py                        # streams: [B, T] stream chunks, carried state
-    python examples/recurrent_dqn.py --stream-groups 4      # 4 B streams, trained B rows at a time in turn
-    python examples/recurrent_dqn.py --overlap 10           # stream chunks overlapping by 10 steps, burnt in
-    python examples/recurrent_dqn.py --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
-    python examples/recurrent_dqn.py --replay slice         # TorchRL's SliceSampler, stored state
-    python examples/recurrent_dqn.py --replay slice --initial-state zero   # the zero-state baseline
-    python examples/recurrent_dqn.py --env popgym:popgym-RepeatPreviousEasy-v0
+    seqchunk dqn                        # streams: [B, T] stream chunks, carried state
+    seqchunk dqn --stream-groups 4      # 4 B streams, trained B rows at a time in turn
+    seqchunk dqn --overlap 10           # stream chunks overlapping by 10 steps, burnt in
+    seqchunk dqn --replay sequence      # TorchRL's Sequence unit, stored state + burn-in
+    seqchunk dqn --replay slice         # TorchRL's SliceSampler, stored state
+    seqchunk dqn --replay slice --initial-state zero   # the zero-state baseline
+    seqchunk dqn --env popgym:popgym-RepeatPreviousEasy-v0
 
 Pipeline per iteration:
   1. the main job's collector steps `num_envs` envs (VectorEnvCollector on the in-process vector
@@ -45,24 +45,21 @@ import time
 from typing import ClassVar, Literal
 
 import torch
-from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.data import Categorical, LazyTensorStorage, OneHot, SliceSampler, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.sample_units import Sequence
+from torchrl.data import Categorical, OneHot
 from torchrl.modules import MLP, EGreedyModule, QValueModule
 from torchrl.objectives import HardUpdate, SoftUpdate
 
-from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN, StreamChunkSampler
+from torchrl_seqchunk import RecurrentDQNLoss, ResetRNN
 from torchrl_seqchunk.envs import make_masked_env
 
-from torchrl_seqchunk.recipes.common import envs, options, report  # examples/common
-from torchrl_seqchunk.recipes.common.config import RunConfig
-from torchrl_seqchunk.recipes.common.report import finished_returns
+from . import dqn_replay
+from .common import envs, options
+from .common.config import RunConfig
+from .common.report import Report, Run, check_run_folder, finished_returns
 
-LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
-STREAM = "stream"  # long [B, T]: the stream a row of stream chunks continues
-
+__all__ = ["Config", "Run", "check_command", "make_loss", "make_qnet", "train"]
 
 NAMED = ("stream_groups", "overlap", "batch_rows", "seq_len", "burn_in")
 """Options that change the recipe's sequences, named in a run's default --name when not at their default."""
@@ -217,7 +214,9 @@ def check_actions(cfg: Config) -> None:
 
 def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorDictSequential]:
     """Q-network (encoder -> ResetRNN(GRU) -> Q head), its ResetRNN and the acting policy
-    (Q-network -> QValueModule -> per-env EGreedyModule)."""
+    (Q-network -> QValueModule -> per-env EGreedyModule), shaped by ``env``'s specs: reads
+    "observation" ``[*, obs_dim]``, writes "action_value" ``[*, n]``; a ValueError unless the
+    env picks one of n actions."""
     obs_dim = env.observation_spec["observation"].shape[-1]
     action_spec = discrete_actions(cfg, env)
     rnn = ResetRNN(nn.GRU(cfg.hidden, cfg.hidden, batch_first=True), in_key="q_embed", out_key="q_features",
@@ -237,161 +236,65 @@ def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorD
     return qnet, rnn, policy
 
 
-def make_buffer(cfg: Config) -> TensorDictReplayBuffer:
-    """The recipe's replay buffer: B sequences of `cfg.window` steps per sample, or [P, T]
-    chunks of the P = stream_groups x B streams."""
-    generator = torch.Generator().manual_seed(cfg.seed)
-    if cfg.replay == "streams":
-        streams = cfg.stream_groups * cfg.batch_rows
-        sampler = StreamChunkSampler(streams, cfg.seq_len, traj_key=("collector", "traj_ids"),
-                                     only_complete=False, generator=generator)
-        return TensorDictReplayBuffer(storage=LazyTensorStorage(cfg.buffer_size), sampler=sampler,
-                                      batch_size=streams * cfg.seq_len)
-    storage = LazyTensorStorage(cfg.buffer_size, ndim=2)  # [time, env]: each env's steps in order
-    if cfg.replay == "sequence":
-        unit = Sequence(length=cfg.seq_len, episode_boundary="include_reset", burn_in=cfg.burn_in)
-        return TensorDictReplayBuffer(storage=storage, sample_unit=unit, batch_size=cfg.batch_rows,
-                                      generator=generator)
-    # init_key=None: the stored is_init flags stay; the window's first step starts from the
-    # stored state unless it is an episode start (then from zeros)
-    sampler = SliceSampler(slice_len=cfg.seq_len, end_key=("next", "done"), strict_length=False,
-                           pad_output=True, init_key=None)
-    return TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=cfg.batch_rows * cfg.seq_len,
-                                  generator=generator)
-
-
-STEP_KEYS = ["observation", "action", "is_init", ("collector", "traj_ids"),
-             *(("next", key) for key in ("observation", "reward", "done", "terminated", "truncated"))]
-"""What every recipe trains on; the actor's other outputs (features, values) are not stored."""
-
-
-def write(cfg: Config, buffer: TensorDictReplayBuffer, batch: TensorDictBase) -> None:
-    """Collector batch [num_envs, collect_len] -> the buffer (flat, env after env, for
-    streams): the STEP_KEYS, plus the actor's memory where a window starts from it
-    (stream chunks start from the carried state, so their steps store no memory)."""
-    stored = [] if cfg.replay == "streams" or cfg.initial_state == "zero" else ["q_state"]
-    batch = batch.select(*STEP_KEYS, *stored, strict=False)
-    buffer.extend(batch.reshape(-1) if cfg.replay == "streams" else batch)
-
-
-def batches(cfg: Config, buffer: TensorDictReplayBuffer):
-    """Endless training batches [B, L]: a sample of windows each, or each [P, T] chunk of
-    the streams (after the last --overlap steps of the stream's previous chunk) B rows at a
-    time, in turn."""
-    tail = None
-    while True:
-        batch = sample(cfg, buffer)
-        if cfg.replay == "streams" and cfg.overlap:
-            batch, tail = overlapped(batch, tail, cfg.overlap)
-        yield from (batch.split(cfg.batch_rows, 0) if cfg.replay == "streams" else (batch,))
-
-
-def overlapped(chunk: TensorDictBase, tail: TensorDictBase | None, k: int) -> tuple[TensorDictBase, TensorDictBase]:
-    """A [P, T] chunk after its streams' previous last k steps ([P, k + T]), and its own last k.
-
-    Before a stream's first chunk there is nothing to burn in: k copies of its first step,
-    each an episode of one step, so the chunk's first step starts from zeros (it is an
-    episode start anyway: streams begin with whole episodes)."""
-    if tail is None:
-        tail = chunk[:, :1].expand(chunk.shape[0], k).clone()
-        tail["is_first"] = torch.ones_like(tail["is_first"])
-        for key in ("done", "terminated"):
-            tail["next", key] = torch.ones_like(tail["next", key])
-        tail["next", "truncated"] = torch.zeros_like(tail["next", "truncated"])
-    return torch.cat([tail, chunk], 1), chunk[:, -k:].clone()
-
-
-def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
-    """B sequences [B, L] with is_first, and LEARN where they count in the loss (windows);
-    or a chunk [P, T] of the P streams, with is_first and each row's STREAM id.
-
-    The steps past a window's real ones (repeats of the newest record, or of a short
-    episode's last step) become one episode of their own, out of the loss, so that the
-    last real step bootstraps from its own next observation."""
-    batch = buffer.sample()
-    if cfg.replay == "streams":  # [P, T], is_first from the sampler
-        batch[STREAM] = torch.arange(batch.shape[0]).unsqueeze(1).expand(batch.shape)
-        return batch
-    batch = batch.reshape(cfg.batch_rows, cfg.window)
-    if cfg.replay == "sequence":
-        batch = from_first_record(batch)
-        valid = batch["validity_mask"]
-        learn = batch["learning_mask"] & valid
-    else:
-        valid = learn = batch.get(("collector", "mask"), None)  # written when a slice was padded
-        if valid is None:
-            valid = learn = torch.ones(batch.shape, dtype=torch.bool)
-    past = (~valid & valid.long().cummax(1).values.bool()).unsqueeze(-1)  # after the last real step
-    first_past = past & ~torch.cat([torch.zeros_like(past[:, :1]), past[:, :-1]], 1)
-    batch["is_first"] = (batch["is_init"] & ~past) | first_past  # the env's InitTracker flags
-    for key in ("done", "terminated", "truncated"):
-        batch["next", key] = batch["next", key] & ~past
-    batch[LEARN] = learn
-    return batch
-
-
-def from_first_record(batch: TensorDictBase) -> TensorDictBase:
-    """Sequence windows [B, L] whose burn-in reaches before the oldest stored record (TorchRL's
-    Sequence then repeats that record, marked invalid in "validity_mask") moved to start at that
-    record, from its own stored memory, instead of unrolling the repeats as steps of the episode.
-    A row's steps shift left by its repeats; its last steps, now past its real ones, are marked
-    invalid (the burn-in stays the first K steps, so up to K learned steps of such a window are
-    only burnt in)."""
-    valid = batch["validity_mask"]
-    lead = (~valid).long().cumprod(1).sum(1, keepdim=True)  # [B, 1] repeats before the first real record
-    if not bool(lead.any()):
-        return batch
-    steps = torch.arange(batch.shape[1]) + lead
-    batch = batch[torch.arange(batch.shape[0]).unsqueeze(1), steps.clamp(max=batch.shape[1] - 1)]
-    batch["validity_mask"] = batch["validity_mask"] & (steps < valid.shape[1])
-    return batch
-
-
-def make_loss(cfg: Config, qnet, rnn):
+def make_loss(cfg: Config, qnet, rnn) -> tuple[RecurrentDQNLoss, HardUpdate | SoftUpdate]:
+    """The recipe's RecurrentDQNLoss over ``qnet`` and its ``rnn`` (how each row starts and
+    what it burns in, by ``--replay``), and the target network's updater."""
     loss = RecurrentDQNLoss(
         qnet, rnn, gamma=cfg.gamma, n_steps=cfg.n_steps, double_dqn=cfg.double_dqn,
         initial_state="carry" if cfg.replay == "streams" else cfg.initial_state,
-        mask_key=None if cfg.replay == "streams" else LEARN,
+        mask_key=None if cfg.replay == "streams" else dqn_replay.LEARN,
         # unrolled without gradient (R2D2); streams: the overlap with the stream's previous chunk
         burn_in={"sequence": cfg.burn_in, "streams": cfg.overlap}.get(cfg.replay, 0),
         overlap=cfg.replay == "streams" and cfg.overlap > 0,
         # a carry per stream; with one group, row b is stream b (no ids needed)
-        stream_key=STREAM if cfg.replay == "streams" and cfg.stream_groups > 1 else None,
+        stream_key=dqn_replay.STREAM if cfg.replay == "streams" and cfg.stream_groups > 1 else None,
     )
     updater = (HardUpdate(loss, value_network_update_interval=cfg.hard_update) if cfg.hard_update
                else SoftUpdate(loss, tau=cfg.tau))
     return loss, updater
 
 
-def parse_args(argv=None) -> Config:
-    cfg = options.cli(Config, __doc__, argv)
-    options.or_fail(envs.check_keep, cfg)
-    options.or_fail(check_actions, cfg)
-    options.or_fail(report.check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
+def check_command(cfg: Config) -> Config:
+    """The checks of a command line beyond ``cfg.check()``: ``--keep`` and the actions against
+    one env of the run, and the run folder (a finished run is kept unless ``--overwrite``).
+    Returns ``cfg``; a ValueError names the flag and the fix."""
+    envs.check_keep(cfg)
+    check_actions(cfg)
+    check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     return cfg
 
 
-def main(cfg: Config) -> list[dict]:
+def train(cfg: Config) -> Run:
+    """Trains the recurrent DQN as ``cfg`` says, writing ``<runs_dir>/<name>/``; returns the Run
+    (metrics rows: frames, wall_s, episodes, return_mean, the last loss and TD error,
+    grad_steps, learn_s and recurrent_steps_per_grad_step per collector batch). A ValueError
+    names the option and the fix.
+
+    Examples:
+        >>> from torchrl_seqchunk.recipes import dqn
+        >>> dqn.Config(replay="sequence").name  # the run's folder under runs/
+        'CartPole-v1_dqn_sequence_stored_seed0'
+    """
+    cfg.check()  # a Config built in code is checked as a command line is
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # not the storage's size at its first write
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     frames_per_batch, planned_frames = cfg.frames_per_batch, cfg.planned_frames
-    out_dir = report.check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
+    out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
     qnet, rnn, policy = make_qnet(cfg, envs.make_env(cfg, warn=True))
     env = envs.make_acting_env(cfg, [rnn], cfg.seed)
     collector = envs.make_collector(cfg, env, policy.to(cfg.device), frames_per_batch, planned_frames)
-    buffer = make_buffer(cfg)
-    training = batches(cfg, buffer)
+    buffer = dqn_replay.make_buffer(cfg)
+    training = dqn_replay.batches(cfg, buffer)
     loss_module, updater = make_loss(cfg, qnet, rnn)
     optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr)
-    log = report.Report(out_dir, planned_frames=planned_frames, target=cfg.target,
-                        return_window=cfg.return_window, stop_at_target=cfg.stop_at_target,
-                        progress=cfg.progress)
+    log = Report(out_dir, planned_frames=planned_frames, target=cfg.target, return_window=cfg.return_window,
+                 stop_at_target=cfg.stop_at_target, progress=cfg.progress)
     learned_frames, grad_steps, recurrent_steps, learn_s = 0, 0, 0, 0.0
     last = {"loss": float("nan"), "td_error": float("nan")}
     for batch in collector:  # [num_envs, collect_len]
         torch.set_num_threads(cfg.threads)  # TorchRL's batched env raises it when it closes
-        write(cfg, buffer, batch)
+        dqn_replay.write(cfg, buffer, batch)
         if log.frames + batch.numel() >= cfg.learning_starts:
             learned_frames += batch.numel()
         # the steps due so far, counted as planned_grad_steps counts them (a running float credit
@@ -415,9 +318,4 @@ def main(cfg: Config) -> list[dict]:
         if log.reached:
             break
     collector.shutdown()
-    log.close(cfg.name)
-    return log.rows
-
-
-if __name__ == "__main__":
-    main(parse_args())
+    return log.close(cfg.name)
