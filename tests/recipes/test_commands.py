@@ -257,3 +257,21 @@ def test_a_run_that_produced_nothing_does_not_block_the_corrected_rerun(tmp_path
     run_recipe("ppo", "--total-frames", "64", "--num-envs", "2", "--runs-dir", str(tmp_path),
                 "--name", "run", "--no-progress")
     assert [int(r["frames"]) for r in read_csv(tmp_path / "run" / "metrics.csv")] == [64]
+
+
+def test_the_example_scripts_are_the_commands():
+    """``python examples/<script>.py`` (the README's and the guides' spelling) runs ``seqchunk <recipe>``."""
+    scripts = {"recurrent_ppo.py": "ppo", "recurrent_dqn.py": "dqn", "reverse_curriculum.py": "curriculum",
+               "stream_world_model.py": "world-model", "distributed_ppo.py": "distributed-ppo"}
+    probe = ("import runpy, sys\n"
+             "for script in sys.argv[1:]:\n"
+             "    sys.argv = [script, '--help']\n"
+             "    try:\n"
+             "        runpy.run_path(script, run_name='__main__')\n"
+             "    except SystemExit as exit_:\n"
+             "        assert exit_.code == 0, (script, exit_.code)\n")
+    result = subprocess.run([sys.executable, "-c", probe, *(str(ROOT / "examples" / s) for s in scripts)],
+                            capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("usage:")] == [
+        ["seqchunk", recipe] for recipe in scripts.values()]
