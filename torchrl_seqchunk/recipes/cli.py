@@ -42,10 +42,9 @@ def parse(argv: Sequence[str] | None = None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in RECIPES:
         choose(argv)  # the subcommands' help, or tyro's error: exits
-    module = recipe(argv[0])
-    cfg = options.cli(module.Config, module.__doc__, argv[1:], getattr(module, "RENAMED", None),
-                      prog=f"seqchunk {argv[0]}")
-    return options.or_fail(module.check_command, cfg)
+    module, prog = recipe(argv[0]), f"seqchunk {argv[0]}"
+    cfg = options.cli(module.Config, module.__doc__, argv[1:], getattr(module, "RENAMED", None), prog=prog)
+    return options.or_fail(module.check_command, cfg, prog=prog)
 
 
 def choose(argv: list[str]) -> None:

@@ -61,6 +61,9 @@ TASKS = {
 
 @dataclasses.dataclass
 class Config(MainConfig):
+    """The curriculum recipe's options: the main job's recurrent PPO (its fields and checks),
+    the task and its demo, the ResetManager's and the evaluation's; ``check()`` also loads the
+    demo. A ValueError names the field (as its flag) and the fix."""
     env: str = "MountainCar-v0"
     """gymnasium id; demos ship for MountainCar-v0 and MiniGrid-DoorKey-5x5-v0 / -8x8-v0 (the minigrid extra)"""
     env_batching: Literal["serial", "parallel"] = "serial"

@@ -76,6 +76,8 @@ __all__ = ["RENAMED", "Config", "Run", "check_command", "train"]
 
 @dataclasses.dataclass
 class Config(MainConfig):
+    """The main job's options (stream chunks only) past one process: learners, env workers and
+    where they step; ``check()`` raises a ValueError that names the field (as its flag) and the fix."""
     batching: Literal["streams"] = "streams"
     """stream chunks with a carried state (the only batching here)"""
     # the main job's windows batching: no flags here

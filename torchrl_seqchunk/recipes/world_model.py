@@ -45,6 +45,9 @@ __all__ = ["Config", "FrameModel", "Run", "check_command", "train"]
 
 @dataclasses.dataclass
 class Config:
+    """The world model recipe's options: the Atari game and its frames, the stream chunks
+    ``[num_streams, seq_len]``, the models and their training; ``check()`` raises a ValueError
+    that names the field (as its flag) and the fix."""
     env: str = "ALE/Breakout-v5"
     """Atari game (gymnasium id; needs the atari extra)"""
     total_frames: int = 20_000

@@ -107,9 +107,10 @@ def gym_id(name: str, value: str) -> str:
     return value
 
 
-def fail(message: str) -> None:
-    """Exits as a refused command line does (status 2), with ``message`` on stderr."""
-    print(f"usage: {sys.argv[0]} [-h] [OPTIONS]\nerror: {message}", file=sys.stderr)
+def fail(message: str, prog: str | None = None) -> None:
+    """Exits as a refused command line does (status 2), with ``message`` on stderr; ``prog``: the
+    command in the usage line (default: the script's)."""
+    print(f"usage: {prog or sys.argv[0]} [-h] [OPTIONS]\nerror: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -128,8 +129,8 @@ def cli(config: type, description: str, argv: Sequence[str] | None = None, renam
             warnings.warn(f"{old} is deprecated; use {renamed[old]}.", FutureWarning, stacklevel=2)
             argv[i] = renamed[old] + eq + value
     cfg = tyro.cli(config, args=argv, description=description, prog=prog)
-    or_fail(cfg.check)
-    or_fail(applicable, cfg, given_fields(config, argv))
+    or_fail(cfg.check, prog=prog)
+    or_fail(applicable, cfg, given_fields(config, argv), prog=prog)
     return cfg
 
 
@@ -167,13 +168,14 @@ def applicable(cfg, given: Collection[str] | None = None) -> None:
             raise ValueError(f"{flag(name)} applies to {where} only{note}: drop {flag(name)} or change {flag(owner)}.")
 
 
-def or_fail(check: Callable, *args):
+def or_fail(check: Callable, *args, prog: str | None = None):
     """``check(*args)`` (a check that needs more than the options, such as the file system),
-    refusing the command line (status 2) if it raises a ValueError or TypeError."""
+    refusing the command line (status 2, ``prog`` in the usage line) if it raises a ValueError
+    or TypeError."""
     try:
         return check(*args)
     except (ValueError, TypeError) as err:
-        fail(str(err))
+        fail(str(err), prog)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, *,
