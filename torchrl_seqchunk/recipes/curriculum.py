@@ -42,7 +42,7 @@ from .common import options
 from .common.agent import make_agent
 from .common.batching import make_batching
 from .common.config import Config as MainConfig
-from .common.ppo import LOGGED, add_advantages, anneal, update
+from .common.ppo import LOGGED, learn
 from .common.report import Report, Run, check_run_folder, finished_returns
 
 __all__ = ["TASKS", "Config", "Run", "check_command", "train"]
@@ -316,11 +316,9 @@ def train(cfg: Config) -> Run:
         torch.set_num_threads(cfg.threads)
         ended = rollout["next", "done"].squeeze(-1)
         returns = finished_returns(rollout)
-        add_advantages(cfg, critic, rollout, standardize=batching.standardize_advantages)
-        losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
-                        max_grad_norm=cfg.max_grad_norm)
+        remaining = max(0.0, 1 - (report.frames + rollout.numel()) / planned)  # of the lr and clip schedules
+        losses = learn(cfg, rollout, critic, batching, loss_module, optim, remaining=remaining, obs_norm=obs_norm)
         collector.update_policy_weights_()
-        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned), obs_norm)
         evaluation = (math.nan, math.nan)
         if (iteration + 1) % cfg.eval_every == 0:
             evaluation = evaluate(cfg, actor, rnns, None if obs_norm is None else obs_norm.frozen_copy(), iteration)

@@ -35,7 +35,7 @@ from .common.agent import make_agent
 from .common.batching import make_batching
 from .common.config import RENAMED, Config
 from .common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
-from .common.ppo import LOGGED, add_advantages, anneal, update
+from .common.ppo import LOGGED, learn
 from .common.report import Report, Run, check_run_folder, finished_returns
 
 __all__ = ["RENAMED", "Config", "Run", "check_command", "train"]
@@ -82,11 +82,9 @@ def train(cfg: Config) -> Run:
         # TorchRL's batched env raises the thread count when it closes, before the last batch
         torch.set_num_threads(cfg.threads)
         returns = finished_returns(rollout)
-        add_advantages(cfg, critic, rollout, standardize=batching.standardize_advantages)
-        losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
-                        max_grad_norm=cfg.max_grad_norm)
+        remaining = max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames)  # of the lr and clip schedules
+        losses = learn(cfg, rollout, critic, batching, loss_module, optim, remaining=remaining, obs_norm=obs_norm)
         collector.update_policy_weights_()
-        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames), obs_norm)
         report.add(rollout.numel(), returns, {k: losses[k] for k in LOGGED})
         if report.reached:
             break
