@@ -117,7 +117,7 @@ class Config(MainConfig):
                                  "under torchrun the learners are its ranks: leave --learners out")
             if self.engine == "ray" and not self.address:
                 raise ValueError("under torchrun, --engine ray joins a running Ray cluster: give --address (for "
-                                 "example 'auto' after `ray start --head` on this node); the script starts a "
+                                 "example 'auto' after `ray start --head` on this node); the recipe starts a "
                                  "cluster of its own only when it starts its own learners")
         super().check()
         learners = world or self.learners
@@ -145,7 +145,7 @@ def check_command(cfg: Config) -> Config:
 
 def torchrun_world_size() -> int | None:
     """The world size torchrun (torch.distributed.run) started this process in, or None when
-    it was not started by torchrun (then the script spawns its own learner ranks)."""
+    it was not started by torchrun (then train() spawns its own learner ranks)."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     return int(os.environ["WORLD_SIZE"])
