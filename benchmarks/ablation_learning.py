@@ -1,6 +1,6 @@
 """What matters for recurrent PPO on CartPole without velocities: the main job, one change at a time.
 
-Each row runs ``examples/recurrent_ppo.py`` with its defaults but for one option (leave one
+Each row runs ``seqchunk ppo`` with its defaults but for one option (leave one
 out), seed after seed, until the mean return of the last 20 episodes first reaches 450 or
 ``--frames`` frames pass (a miss counts as the cap). Prints a markdown table of frames to
 450 (median and range over seeds, and how many seeds got there) and writes ``ablation.csv``
@@ -18,8 +18,10 @@ from pathlib import Path
 
 import torch
 from bench_learning import TARGET, summary  # benchmarks/bench_learning.py
-from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from tqdm import tqdm
+
+from torchrl_seqchunk.recipes import ppo  # the main job
 
 ROWS = {
     "defaults": {},
@@ -38,11 +40,10 @@ def run(row: str, seed: int, frames: int) -> dict:
     import tempfile
 
     torch.set_num_threads(1)
-    job = load_main_job()
     with tempfile.TemporaryDirectory() as runs:
-        cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="ablation", progress=False,
+        cfg = ppo.Config(seed=seed, total_frames=frames, runs_dir=runs, name="ablation", progress=False,
                          stop_at_target=True, **ROWS[row])
-        rows = job.main(cfg)
+        rows = ppo.train(cfg).rows
     return {"row": row, "seed": seed, **summary(rows, frames)}
 
 

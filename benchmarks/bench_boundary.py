@@ -11,7 +11,7 @@ Task: POPGym's RepeatFirstEasy (Morad et al., "POPGym", ICLR 2023) truncated to
 ``--episode-len`` steps by gymnasium's ``TimeLimit``: at every step the agent must name the
 suit of the episode's first card, so the first observation decides every reward (return
 between ``-L/51`` and ``L/51`` for an episode of ``L`` steps). The main job
-(``examples/recurrent_ppo.py``, its defaults otherwise: 8 envs, rollouts of 32 steps) runs
+(``seqchunk ppo``, its defaults otherwise: 8 envs, rollouts of 32 steps) runs
 every ``W`` of ``--windows`` (stride 1) x ``--modes`` x ``--seeds``.
 
 Per run, the score is the area under the learning curve: the mean over rollouts of the
@@ -51,10 +51,12 @@ from bench_learning import (  # benchmarks/bench_learning.py
     finished_runs,
     plot_runs,
 )
-from toolkit import load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from tqdm import tqdm
 
 from torchrl_seqchunk import make_windows, slot_weights
+from torchrl_seqchunk.recipes import ppo  # the main job
+from torchrl_seqchunk.recipes.common.envs import make_env
 
 ENV = "popgym:popgym-RepeatFirstEasy-v0"
 MODES = ("reset_continue", "mask", "inverse_count")
@@ -63,12 +65,11 @@ KEY = {"window": int, "mode": str, "seed": int}  # a run of the grid
 
 
 def run(mode: str, window: int, seed: int, args) -> list[dict]:
-    job = load_main_job()
     with tempfile.TemporaryDirectory() as runs:
-        cfg = job.Config(env=ENV, keep="all", max_episode_steps=args.episode_len, window=window, stride=1,
+        cfg = ppo.Config(env=ENV, keep="all", max_episode_steps=args.episode_len, window=window, stride=1,
                          boundary_mode=mode, seed=seed, total_frames=args.frames, runs_dir=runs, name="cell",
                          progress=False)
-        return job.main(cfg)
+        return ppo.train(cfg).rows
 
 
 def auc(rows: list[dict], best: float) -> float:
@@ -88,10 +89,9 @@ def paired_stats(diffs: list[float], rng: np.random.Generator) -> tuple[float, f
 
 def loss_shares(window: int, episode_len: int) -> dict[str, list[float]]:
     """Per mode: the mean loss share of a step at each position in its episode, 1.0 = counted once."""
-    job = load_main_job()
-    cfg = job.Config(env=ENV, keep="all", max_episode_steps=episode_len, window=window, stride=1, seed=0,
+    cfg = ppo.Config(env=ENV, keep="all", max_episode_steps=episode_len, window=window, stride=1, seed=0,
                      progress=False)
-    env = job.make_env(cfg)
+    env = make_env(cfg)
     env.set_seed(0)
     rollout = env.rollout(cfg.rollout_len, break_when_any_done=False, auto_cast_to_device=True)  # [E, T]
     env.close()

@@ -2,8 +2,8 @@
 
 Per seed, at equal training frames, in one run:
 
-- ``curriculum``: the main job's recurrent PPO (``examples/reverse_curriculum.py``) with a
-  ``ReverseCurriculum`` from the task's shipped demo (``examples/data/``);
+- ``curriculum``: the main job's recurrent PPO (``seqchunk curriculum``) with a
+  ``ReverseCurriculum`` from the task's shipped demo (``torchrl_seqchunk/recipes/data/``);
 - ``scratch``: the same PPO, the same seed, from the env's own reset (both arms with
   ``--options``, the example's settings under test, e.g. ``entropy_coeff=0.05``);
 - ``sb3`` (MountainCar-v0 only, the ``bench`` extra): stable-baselines3's PPO with the rl-zoo
@@ -34,44 +34,37 @@ import dataclasses
 import importlib.util
 import multiprocessing
 import statistics
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from bench_boundary import paired_stats  # benchmarks/bench_boundary.py
 from bench_learning import plot_runs  # benchmarks/bench_learning.py
-from toolkit import EXAMPLES, checked_config, config_options, options  # benchmarks/toolkit.py
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py
 from tqdm import tqdm
+
+from torchrl_seqchunk.recipes import cli
+from torchrl_seqchunk.recipes import curriculum as recipe  # seqchunk curriculum
 
 TARGETS = {"MountainCar-v0": ("eval_return", -110.0), "MiniGrid-DoorKey-5x5-v0": ("eval_success", 0.9),
            "MiniGrid-DoorKey-8x8-v0": ("eval_success", 0.9)}
 FIELDS = ["env", "arm", "seed", "frames", "wall_s", "max_starting_point", "eval_return", "eval_success"]
-# not --options: the example's fields the benchmark sets itself (the arm, the run, its evaluation)
+# not --options: the recipe's fields the benchmark sets itself (the arm, the run, its evaluation)
 SET_HERE = ("env", "seed", "total_frames", "eval_every", "eval_episodes", "runs_dir", "name", "overwrite",
             "progress", "curriculum", "eval_sample", "stop_at_target",
             "num_envs", "rollout_len")  # rollouts of 512 frames: the evaluations' interval, sb3's as ours
 
 
-def load_example():
-    """examples/reverse_curriculum.py as the module ``reverse_curriculum``: its ``parse_args`` and ``main``."""
-    if "reverse_curriculum" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("reverse_curriculum", EXAMPLES / "reverse_curriculum.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses resolve the Config's annotations there
-        spec.loader.exec_module(module)
-    return sys.modules["reverse_curriculum"]
-
-
 def run_ours(env: str, curriculum: bool, seed: int, args) -> list[dict]:
-    job = load_example()
-    cfg = job.parse_args(["--env", env, "--seed", str(seed), "--total-frames", str(args.frames),
-                          "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
-                          "--runs-dir", str(Path(args.out) / "runs"), "--overwrite", "--no-progress",
-                          "--curriculum" if curriculum else "--no-curriculum",
-                          "--eval-sample" if args.eval_sample else "--no-eval-sample",
-                          "--stop-at-target" if args.stop_at_target else "--no-stop-at-target"])
-    rows = job.main(dataclasses.replace(cfg, **args.options))  # its metrics.csv, row by row, under --out/runs
+    """One run of ``seqchunk curriculum`` (``--no-curriculum``: PPO from the env's reset); its evaluated rows."""
+    cfg = cli.parse(["curriculum", "--env", env, "--seed", str(seed), "--total-frames", str(args.frames),
+                     "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
+                     "--runs-dir", str(Path(args.out) / "runs"), "--overwrite", "--no-progress",
+                     "--curriculum" if curriculum else "--no-curriculum",
+                     "--eval-sample" if args.eval_sample else "--no-eval-sample",
+                     "--stop-at-target" if args.stop_at_target else "--no-stop-at-target"])
+    # its metrics.csv, row by row, under --out/runs
+    rows = recipe.train(dataclasses.replace(cfg, **args.options)).rows
     return [r for r in rows if r["eval_return"] == r["eval_return"]]  # the evaluated rollouts
 
 
@@ -175,14 +168,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
                         help="also run sb3's rl-zoo PPO on MountainCar-v0 (the bench extra)")
     parser.add_argument("--options", default="",
-                        help="both arms of ours: the example's Config fields that differ from its defaults, "
+                        help="both arms of ours: the recipe's Config fields that differ from its defaults, "
                              "e.g. entropy_coeff=0.05 (default none)")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--out", default="runs/bench_curriculum", help="output folder")
 
     def check(args):
         args.envs = options.names("envs", args.envs, list(TARGETS))
-        config = load_example().Config
+        config = recipe.Config
         args.options = config_options(config, args.options, SET_HERE)
         for env in args.envs:
             checked_config(config, args.options, env=env)

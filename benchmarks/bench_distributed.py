@@ -8,7 +8,7 @@ of the machine weighs on both sides alike:
    arithmetic each, ``--rounds`` rounds, median). 2.0 on two free cores; less when other
    jobs share them. It bounds every 2-versus-1 ratio below.
 1. Collection, ``RATIO collect_fps_2v1``: env frames per second of a TorchRL
-   ``RayCollector`` (what ``examples/distributed_ppo.py --engine ray`` runs) with 2 worker
+   ``RayCollector`` (what ``seqchunk distributed-ppo --engine ray`` runs) with 2 worker
    processes over 1, on a CPU-heavy env (CartPole whose every step first runs
    ``--busy-loops`` iterations of the calibration's arithmetic), random actions,
    ``--collect-frames`` frames after a warm-up batch.
@@ -64,9 +64,9 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
 
-from toolkit import options  # noqa: E402  benchmarks/toolkit.py: examples/common
+from toolkit import options  # noqa: E402  benchmarks/toolkit.py: the recipes' option checks
 
-from common.loopback import join_loopback_group  # noqa: E402  examples/common/loopback.py
+from torchrl_seqchunk.recipes.common.loopback import join_loopback_group  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -8,7 +8,7 @@ undiscounted return of the last 20 finished training episodes first reaches 450,
 wall seconds until then (a run that never gets there counts as the frame cap and its whole
 wall time).
 
-- ours: ``examples/recurrent_ppo.py`` with its defaults but for ``--options`` (``--frames`` frames);
+- ours: ``seqchunk ppo`` with its defaults but for ``--options`` (``--frames`` frames);
 - sb3-contrib 2.9.2 ``RecurrentPPO`` with the rl-zoo ``ppo_lstm`` hyperparameters for
   CartPoleNoVel-v1, unchanged: VecNormalize (gamma 0.98), 8 envs x 32 steps, batch 256,
   20 epochs, gamma 0.98, GAE lambda 0.8, no entropy bonus, learning rate and clip range
@@ -42,10 +42,12 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
-from toolkit import checked_config, config_options, load_main_job, options  # benchmarks/toolkit.py: examples/common and the main job
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: the recipes' option checks
 from tqdm import tqdm
 
 from torchrl_seqchunk import MaskObservation
+from torchrl_seqchunk.recipes import ppo  # the main job
+from torchrl_seqchunk.recipes.common.envs import check_keep
 
 TARGET, WINDOW, KEEP = 450.0, 20, (0, 2)
 # not --options: set here, or the task and its metric, which the sb3 side and the summary fix (masked
@@ -61,10 +63,9 @@ def masked_cartpole() -> gym.Env:
 
 def run_ours(seed: int, frames: int, **options) -> list[dict]:
     """The main job with its defaults but for ``options`` (Config fields); one row per rollout."""
-    job = load_main_job()
     with tempfile.TemporaryDirectory() as runs:
-        cfg = job.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False, **options)
-        rows = job.main(cfg)  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
+        cfg = ppo.Config(seed=seed, total_frames=frames, runs_dir=runs, name="bench", progress=False, **options)
+        rows = ppo.train(cfg).rows  # its env: make_masked_env("CartPole-v1", (0, 2)), masked_cartpole in TorchRL
     return [{"frames": r["frames"], "wall_s": r["wall_s"], "return_mean": r["return_mean"]} for r in rows]
 
 
@@ -188,9 +189,8 @@ def check_sides(args) -> None:
     if args.sides[0] != "ours" or len(args.sides) < 2:
         raise ValueError(f"--sides {','.join(args.sides)}: give ours first and at least one side to compare "
                          "it with, e.g. --sides ours,defaults")
-    job = load_main_job()
-    args.options = config_options(job.Config, args.options, SET_HERE)
-    checked_config(job.Config, args.options, job.check_keep, total_frames=args.frames)
+    args.options = config_options(ppo.Config, args.options, SET_HERE)
+    checked_config(ppo.Config, args.options, check_keep, total_frames=args.frames)
     args.stop_at_target = options.names("stop_at_target", args.stop_at_target, args.sides) if args.stop_at_target else []
     if "sb3" in args.stop_at_target:
         raise ValueError("--stop-at-target: sb3's runs go to --frames; name sides of the main job only")

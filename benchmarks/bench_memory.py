@@ -3,7 +3,7 @@
 A grid of POPGym envs (Morad et al., "POPGym: Benchmarking Partially Observable
 Reinforcement Learning", ICLR 2023) x modes x seeds, ``--frames`` env frames per cell:
 
-- ours: ``examples/recurrent_ppo.py`` with its defaults but for the env and the mode:
+- ours: ``seqchunk ppo`` with its defaults but for the env and the mode:
   ``reset_continue``, ``mask`` and ``inverse_count`` (windows, ``RecurrentPPOLoss``) and
   ``streams`` (stream chunks with a carried state);
 - ``sb3``: sb3-contrib ``RecurrentPPO("MlpLstmPolicy")`` with its default hyperparameters
@@ -42,8 +42,7 @@ from bench_learning import (  # benchmarks/bench_learning.py
     plot_runs,
     train_sb3,
 )
-import toolkit  # benchmarks/toolkit.py: examples/common and the main job
-from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from tqdm import tqdm
 
 from torchrl_seqchunk import EncodeObservation
@@ -59,12 +58,13 @@ def env_id(name: str) -> str:
 
 
 def run_ours(name: str, mode: str, seed: int, frames: int, num_envs: int) -> list[dict]:
-    job = toolkit.load_main_job()
+    from torchrl_seqchunk.recipes import ppo as job  # the main job
+
     batching = {"batching": "streams"} if mode == "streams" else {"boundary_mode": mode}
     with tempfile.TemporaryDirectory() as runs:
         cfg = job.Config(env=env_id(name), keep="all", seed=seed, total_frames=frames, num_envs=num_envs,
                          runs_dir=runs, name="cell", progress=False, **batching)
-        return job.main(cfg)
+        return job.train(cfg).rows
 
 
 def run_sb3(name: str, seed: int, frames: int, num_envs: int) -> list[dict]:

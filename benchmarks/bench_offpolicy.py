@@ -1,6 +1,6 @@
 """Recurrent off-policy recipes side by side: stream chunks against TorchRL's own sequence replay.
 
-Every run is ``examples/recurrent_dqn.py`` (double DQN, 3-step targets, a target
+Every run is ``seqchunk dqn`` (double DQN, 3-step targets, a target
 network, per-env epsilon-greedy, its defaults or the same ``--options`` otherwise) with only ``--replay``,
 ``--initial-state``, ``--stream-groups`` and ``--overlap`` changed, so the recipes see equal
 env frames and equal gradient steps (the same replay ratio of ``B * T`` learned steps per frame):
@@ -27,7 +27,7 @@ Before the grid (unless ``--no-speed``; alone with ``--speed-only``) it times gr
 steps per second of ``streams`` against ``sequence`` at equal ``B, T`` (burn-in 0 and
 ``K``) on one buffer of random-policy steps,
 in interleaved rounds so that machine load hits both alike (median over rounds); and the
-example's collection, ``VectorEnvCollector`` against TorchRL's ``Collector`` on the same env
+DQN recipe's collection, ``VectorEnvCollector`` against TorchRL's ``Collector`` on the same env
 and policy, the same way (``collect_fps_vector_vs_collector``, the median of per-round ratios).
 
 Writes under ``--out``: ``offpolicy.csv`` (one row per collector batch of every run),
@@ -36,7 +36,7 @@ one panel per task) and prints ``RATIO`` lines: ``mmer_streams_vs_<recipe>_<task
 (median over seeds; only where both medians are positive, else the difference), ``frames_to_threshold_<recipe>_vs_streams_<task>`` and
 ``grad_steps_per_s_streams_vs_sequence_burnin<k>``, ``collect_fps_vector_vs_collector``.
 
-``--options`` sets fields of the example's Config for every recipe (another replay ratio, say);
+``--options`` sets fields of the DQN recipe's Config for every recipe (another replay ratio, say);
 a grid records them in ``offpolicy.csv``. ``--from-runs`` compares the runs of earlier grids
 instead (their ``offpolicy.csv``: a grid run in parts, or seed sets run apart, pooled over the
 seeds where every recipe ran, all made with the ``--options`` given).
@@ -64,21 +64,22 @@ from bench_learning import plot_runs  # benchmarks/bench_learning.py
 from bench_memory import cell_summary  # benchmarks/bench_memory.py
 from tqdm import tqdm
 
-from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: the recipes' option checks
 
-import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py
+from torchrl_seqchunk.recipes import dqn, dqn_replay  # seqchunk dqn
+from torchrl_seqchunk.recipes.common import envs
 
-RECIPES = {  # name: the example's options
+RECIPES = {  # name: the recipe's options
     "streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
     "slice-zero": dict(replay="slice", initial_state="zero"), "streams-4groups": dict(replay="streams", stream_groups=4),
     "streams-overlap10": dict(replay="streams", overlap=10),
 }
 SET_HERE = ("env", "seed", "total_frames", "runs_dir", "name", "progress", "stop_at_target", "burn_in",
             *dict.fromkeys(k for r in RECIPES.values() for k in r))
-"""The example's fields the grid sets itself (not ``--options``): every run goes to ``--frames``;
-``sequence`` burns in the example's default, and the speed comparison 0 and that."""
+"""The DQN recipe's fields the grid sets itself (not ``--options``): every run goes to ``--frames``;
+``sequence`` burns in the DQN recipe's default, and the speed comparison 0 and that."""
 KEY = ("task", "recipe", "seed")  # of a run, in the CSVs
-EXTRA = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")  # the example's columns a summary reads
+EXTRA = ("grad_steps", "learn_s", "recurrent_steps_per_grad_step")  # the DQN recipe's columns a summary reads
 TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie in [-1, 1])
     "cartpole": ("CartPole-v1", 450.0),
     "repeat_first": ("popgym:popgym-RepeatFirstEasy-v0", 0.5),
@@ -89,9 +90,9 @@ TASKS = {  # name: (env id, threshold of the mean return; POPGym's returns lie i
 
 def run(task: str, recipe: str, seed: int, args) -> list[dict]:
     with tempfile.TemporaryDirectory() as runs:
-        cfg = recurrent_dqn.Config(env=TASKS[task][0], seed=seed, total_frames=args.frames, runs_dir=runs,
+        cfg = dqn.Config(env=TASKS[task][0], seed=seed, total_frames=args.frames, runs_dir=runs,
                                    name="cell", progress=False, **RECIPES[recipe], **args.options)
-        return recurrent_dqn.main(cfg)
+        return dqn.train(cfg).rows
 
 
 def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
@@ -105,9 +106,9 @@ def summarize(rows: list[dict], threshold: float, cap: int) -> dict:
 
 def options_text(chosen: dict) -> str:
     """``--options`` as a grid records it in ``offpolicy.csv`` (its column ``options``): ``"name=value,..."``
-    sorted by name, leaving out a value equal to the example's default (so ``""`` for the defaults)."""
+    sorted by name, leaving out a value equal to the DQN recipe's default (so ``""`` for the defaults)."""
     return ",".join(f"{name}={value}" for name, value in sorted(chosen.items())
-                    if value != getattr(recurrent_dqn.Config, name))
+                    if value != getattr(dqn.Config, name))
 
 
 def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: int,
@@ -151,7 +152,7 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
     if not seeds:
         raise ValueError(f"--from-runs: no seed has a run of every task {tasks} and recipe {recipes}; "
                          "name the tasks and recipes the folders hold (--tasks, --recipes).")
-    planned = recurrent_dqn.Config(total_frames=frames, progress=False,
+    planned = dqn.Config(total_frames=frames, progress=False,
                                    **{**chosen, "learning_starts": 0}).planned_frames  # whole batches
     for (task, recipe, seed) in itertools.product(tasks, recipes, sorted(seeds)):
         end = runs[(task, recipe)][seed][-1]["frames"]
@@ -164,14 +165,14 @@ def read_runs(folders: list[str], tasks: list[str], recipes: list[str], frames: 
 def speed_configs(options: dict, frames: int) -> dict:
     """The speed comparisons' Configs, built (never run) on the default task with ``--options`` and
     checked as the grid's runs are (``frames``: their budget): ``streams``, ``sequence_burnin<K>``
-    for K of 0 and the example's burn-in, and ``collect`` for the collection speed."""
+    for K of 0 and the DQN recipe's burn-in, and ``collect`` for the collection speed."""
     def checked(**recipe):
-        return checked_config(recurrent_dqn.Config, options, recurrent_dqn.envs.check_keep, recurrent_dqn.check_actions,
+        return checked_config(dqn.Config, options, envs.check_keep, dqn.check_actions,
                               seed=0, progress=False, total_frames=frames, **recipe)
 
     streams = checked()
     variants = {"streams": streams, "collect": streams}  # the collection speed runs the streams recipe's Config
-    for k in (0, recurrent_dqn.Config.burn_in):
+    for k in (0, dqn.Config.burn_in):
         variants[f"sequence_burnin{k}"] = checked(replay="sequence", burn_in=k)
     return variants
 
@@ -181,19 +182,19 @@ def speed(args) -> dict[int, float]:
     buffers, losses = {}, {}
     variants = {name: cfg for name, cfg in args.speed_configs.items() if name != "collect"}
     first = variants["streams"]
-    qnet, rnn, policy = recurrent_dqn.make_qnet(first, recurrent_dqn.envs.make_env(first))
-    env = recurrent_dqn.envs.make_acting_env(first, [rnn], 0)
+    qnet, rnn, policy = dqn.make_qnet(first, envs.make_env(first))
+    env = envs.make_acting_env(first, [rnn], 0)
     with torch.no_grad():
         data = env.rollout(args.speed_frames // first.num_envs, policy, break_when_any_done=False).contiguous()
     env.close()
     ids = data["is_init"].squeeze(-1).long().cumsum(1) + 10_000 * torch.arange(data.shape[0]).unsqueeze(1)
     data["collector", "traj_ids"] = ids  # one id per episode of each env
     for name, cfg in variants.items():
-        buffers[name] = recurrent_dqn.make_buffer(cfg)
-        recurrent_dqn.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
-        losses[name] = recurrent_dqn.make_loss(cfg, qnet, rnn)[0]
+        buffers[name] = dqn_replay.make_buffer(cfg)
+        dqn_replay.write(cfg, buffers[name], data.clone())  # extend writes "index" into its input
+        losses[name] = dqn.make_loss(cfg, qnet, rnn)[0]
     optim = torch.optim.Adam(qnet.parameters(), lr=1e-4)
-    training = {name: recurrent_dqn.batches(cfg, buffers[name]) for name, cfg in variants.items()}
+    training = {name: dqn_replay.batches(cfg, buffers[name]) for name, cfg in variants.items()}
 
     def steps(name: str, count: int) -> float:
         start = time.perf_counter()
@@ -214,23 +215,23 @@ def speed(args) -> dict[int, float]:
     for name in variants:
         print(f"{name}: {1 / median[name]:.1f} gradient steps/s (median of {args.speed_rounds} rounds)")
     ratios = {}
-    for k in (0, recurrent_dqn.Config.burn_in):
+    for k in (0, dqn.Config.burn_in):
         ratios[k] = median[f"sequence_burnin{k}"] / median["streams"]
         print(f"RATIO grad_steps_per_s_streams_vs_sequence_burnin{k} {ratios[k]:.3f}")
     return ratios
 
 
 def collect_speed(args) -> float:
-    """Frames/s of the example's collection, VectorEnvCollector over TorchRL's Collector (same env,
+    """Frames/s of the DQN recipe's collection, VectorEnvCollector over TorchRL's Collector (same env,
     Q-network, QValueModule and per-env EGreedyModule), interleaved rounds of 4 batches each."""
     from torchrl.collectors import Collector
     from torchrl_seqchunk import VectorEnvCollector
 
     cfg = args.speed_configs["collect"]
-    _, rnn, policy = recurrent_dqn.make_qnet(cfg, recurrent_dqn.envs.make_env(cfg))
+    _, rnn, policy = dqn.make_qnet(cfg, envs.make_env(cfg))
     per_batch = cfg.num_envs * cfg.collect_len
     kinds = {"collector": Collector, "vector": VectorEnvCollector}
-    collectors = {name: kind(recurrent_dqn.envs.make_acting_env(cfg, [rnn], cfg.seed), policy,
+    collectors = {name: kind(envs.make_acting_env(cfg, [rnn], cfg.seed), policy,
                              frames_per_batch=per_batch) for name, kind in kinds.items()}
     batches = {name: iter(c) for name, c in collectors.items()}
     for it in batches.values():  # warm up
@@ -327,7 +328,7 @@ def main() -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
     parser.add_argument("--recipes", default="streams,sequence,slice,slice-zero", help=f"comma-separated, streams first, from {tuple(RECIPES)}")
-    parser.add_argument("--seeds", default=argparse.SUPPRESS, help="comma-separated seeds (default 1,2,3,4,5, on which the example's "
+    parser.add_argument("--seeds", default=argparse.SUPPRESS, help="comma-separated seeds (default 1,2,3,4,5, on which the DQN recipe's "
                         "options were chosen: compare recipes on others, e.g. 31 and up)")
     parser.add_argument("--frames", type=int, default=100_000, help="env frames per run")
     parser.add_argument("--out", default="runs/bench_offpolicy", help="output folder")
@@ -339,12 +340,12 @@ def main() -> None:
     parser.add_argument("--from-runs", default="", help="comma-separated --out folders of earlier grids: compare "
                         "their runs (offpolicy.csv; over the seeds where every task and recipe ran, --frames their "
                         "budget) instead of running a grid; no speed comparisons, no --seeds")
-    parser.add_argument("--options", default="", help="fields of the example's Config set for every recipe, e.g. "
+    parser.add_argument("--options", default="", help="fields of the DQN recipe's Config set for every recipe, e.g. "
                         "replay_ratio=4,lr=1e-4 (recorded in offpolicy.csv; with --from-runs, the runs' own)")
 
     def check(args) -> None:
         options.names("tasks", args.tasks, tuple(TASKS))
-        args.options = config_options(recurrent_dqn.Config, args.options, SET_HERE)
+        args.options = config_options(dqn.Config, args.options, SET_HERE)
         if options.names("recipes", args.recipes, tuple(RECIPES))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.speed_only and args.no_speed:
@@ -358,9 +359,9 @@ def main() -> None:
         else:
             args.seeds = options.int_list("seeds", getattr(args, "seeds", "1,2,3,4,5"), 0)
             for task, recipe in itertools.product(args.tasks.split(","), args.recipes.split(",")):
-                # every run of the grid as the example checks its command line, before any run
-                checked_config(recurrent_dqn.Config, args.options, recurrent_dqn.envs.check_keep,
-                               recurrent_dqn.check_actions, env=TASKS[task][0], total_frames=args.frames,
+                # every run of the grid as the DQN recipe checks its command line, before any run
+                checked_config(dqn.Config, args.options, envs.check_keep,
+                               dqn.check_actions, env=TASKS[task][0], total_frames=args.frames,
                                **RECIPES[recipe])
             if not args.no_speed:
                 args.speed_configs = speed_configs(args.options, args.frames)

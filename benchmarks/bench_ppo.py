@@ -33,7 +33,7 @@ from tensordict.nn import (
     TensorDictSequential,
 )
 from timing import seconds_per_call  # benchmarks/timing.py
-from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from torch import nn
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,

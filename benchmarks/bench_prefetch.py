@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import toolkit  # noqa: F401  benchmarks/toolkit.py: puts examples/ on the path
 from bench_sampler import fill  # benchmarks/bench_sampler.py
 from timing import rank_zero_result, write_figures  # benchmarks/timing.py
 from tensordict.nn import TensorDictModule, TensorDictSequential
@@ -39,8 +38,7 @@ from torch import nn
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_seqchunk import ChunkPrefetcher, ResetRNN, StreamChunkSampler
-
-from common.loopback import join_loopback_group  # noqa: E402  examples/common, through toolkit
+from torchrl_seqchunk.recipes.common.loopback import join_loopback_group
 
 
 def parse_args(argv=None):

@@ -31,7 +31,7 @@ from torch import nn
 from torchrl.modules import GRUModule
 
 from timing import paired_ratio, print_ratios  # benchmarks/timing.py
-from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 
 from torchrl_seqchunk import MinGRUCell, ResetRNN
 

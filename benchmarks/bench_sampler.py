@@ -35,7 +35,7 @@ import time
 import torch
 from tensordict import TensorDict
 from timing import paired_ratio, print_ratios, seconds_per_call  # benchmarks/timing.py
-from toolkit import options  # benchmarks/toolkit.py: the option checks of examples/common
+from toolkit import options  # benchmarks/toolkit.py: the recipes' option checks
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, Sequence, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import SliceSampler
 from tqdm import tqdm

@@ -1,6 +1,6 @@
 """The main job's frames per second beside its incumbent and its limits, every figure from one run.
 
-The main job (``examples/recurrent_ppo.py``) with its defaults, on its default task (CartPole-v1
+The main job (``seqchunk ppo``, ``torchrl_seqchunk.recipes.ppo``) with its defaults, on its default task (CartPole-v1
 observing cart position and pole angle, 8 envs) unless said otherwise; one torch thread; the
 sides of each ratio measured in turn in this process, so that machine load weighs on both (the
 main-job runs and sb3's; the collectors, the raw env and the acting floor; the update beside
@@ -61,7 +61,6 @@ import torch
 from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
 from timing import seconds_per_call, write_figures  # benchmarks/timing.py
-from toolkit import load_main_job  # benchmarks/toolkit.py: examples/common and the main job
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.envs import SerialEnv
@@ -69,11 +68,11 @@ from tqdm import tqdm
 
 from torchrl_seqchunk import ResetRNN
 from torchrl_seqchunk.envs import DEFAULT_KEEP, make_masked_env, make_vector_env
-
-from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
-from common.batching import make_batching  # noqa: E402
-from common.envs import make_acting_env, make_collector, make_env  # noqa: E402
-from common.ppo import add_advantages, update  # noqa: E402
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.batching import make_batching
+from torchrl_seqchunk.recipes.common.config import Config
+from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_collector, make_env
+from torchrl_seqchunk.recipes.common.ppo import add_advantages, update
 
 TASK = "CartPole-v1"
 
@@ -355,7 +354,7 @@ def main(argv=None) -> dict[str, float]:
         return value
 
     # the fast path named: the job's default env batching may be either
-    cfg = load_main_job().Config(device=args.device, seed=args.seed, progress=False, env_batching="vector")
+    cfg = Config(device=args.device, seed=args.seed, progress=False, env_batching="vector")
     has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
     popgym = [name for name in args.popgym.split(",") if name]
     bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")

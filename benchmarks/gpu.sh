@@ -4,7 +4,7 @@
 #      H=512, a reset every 200 steps on average) against cuDNN nn.GRU / nn.LSTM without resets;
 #   2. bench_prefetch.py: ChunkPrefetcher moving uint8 chunks [16, 64, 1, 64, 64] to the device
 #      (pinned memory), the trainer's wait fraction; NCCL learners when there are 2+ GPUs;
-#   3. the main job (examples/recurrent_ppo.py) for 20,480 frames on the device.
+#   3. the main job (seqchunk ppo, run as python -m torchrl_seqchunk.recipes ppo) for 20,480 frames on the device.
 # Prints every RATIO line; writes under --out: <bench>.log (its output), <bench>.err,
 # ratios.csv (bench, name, value), report.md (device, commit, ratios, main job) and the CSVs
 # of the benchmarks.
@@ -52,7 +52,7 @@ fi
 case "$DEVICE" in cuda*) [ "$GPUS" -gt 1 ] && PREFETCH+=(--ddp-ranks "$GPUS") ;; esac
 
 FAILED=()
-run() {  # run NAME SCRIPT ARGS...: its output to NAME.log (and the terminal's RATIO lines)
+run() {  # run NAME SCRIPT ARGS... (or NAME -m MODULE ARGS...): its output to NAME.log (and the terminal's RATIO lines)
   local name="$1"; shift
   echo "== $name: $*"
   if (cd "$ROOT" && "$PYTHON" "$@") >"$OUT/$name.log" 2>"$OUT/$name.err"; then
@@ -67,7 +67,7 @@ run() {  # run NAME SCRIPT ARGS...: its output to NAME.log (and the terminal's R
 START=$(date +%s)
 run recurrent benchmarks/bench_recurrent.py --device "$DEVICE" "${RECURRENT[@]}"
 run prefetch benchmarks/bench_prefetch.py --device "$DEVICE" --out "$OUT/prefetch" "${PREFETCH[@]}"
-run main_job examples/recurrent_ppo.py --device "$DEVICE" --total-frames "$FRAMES" --runs-dir "$OUT" \
+run main_job -m torchrl_seqchunk.recipes ppo --device "$DEVICE" --total-frames "$FRAMES" --runs-dir "$OUT" \
   --name main_job --overwrite --no-progress
 # the main job's frames per second, from its metrics (last row: frames, wall_s)
 if [ -f "$OUT/main_job/metrics.csv" ]; then

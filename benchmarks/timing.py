@@ -46,7 +46,7 @@ def rank_zero_result(rank_fn, world_size: int, args, teardown_s: float = 30.0):
     import warnings
 
     import torch.multiprocessing as mp
-    from common.loopback import loopback_store  # examples/common (benchmarks/toolkit.py puts it on the path)
+    from torchrl_seqchunk.recipes.common.loopback import loopback_store
 
     results = mp.get_context("spawn").SimpleQueue()
     store = loopback_store()  # the ranks' rendezvous, on 127.0.0.1

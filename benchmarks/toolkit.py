@@ -1,40 +1,24 @@
-"""The examples' toolkit (``examples/common``) and the main job, for the benchmarks::
+"""What the benchmarks share of the recipes (``torchrl_seqchunk.recipes``)::
 
-    from toolkit import load_main_job, options
+    from toolkit import checked_config, config_options, options
 
-The one place where a benchmark finds ``examples/`` (an example finds it by being there).
+``options``: the recipes' option checks; ``config_options`` and ``checked_config``: a recipe's
+Config from a benchmark's ``--options``. The recipes themselves are imported from the package
+(``from torchrl_seqchunk.recipes import ppo``: ``ppo.Config``, ``ppo.train(cfg).rows``).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-import sys
 import typing
-from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
+from torchrl_seqchunk.recipes.common import options
 
-from common import options  # noqa: E402  examples/common/options.py
-
-__all__ = ["EXAMPLES", "checked_config", "config_options", "load_main_job", "options"]
-
-
-def load_main_job():
-    """``examples/recurrent_ppo.py`` as the module ``recurrent_ppo``: its ``Config`` and ``main(cfg) -> rows``."""
-    if "recurrent_ppo" in sys.modules:
-        return sys.modules["recurrent_ppo"]
-    spec = importlib.util.spec_from_file_location("recurrent_ppo", EXAMPLES / "recurrent_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+__all__ = ["checked_config", "config_options", "options"]
 
 
 def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
-    """``--options`` ``"name=value,..."``: fields of the example's Config dataclass ``config``, each
+    """``--options`` ``"name=value,..."``: fields of the recipe's Config dataclass ``config``, each
     given once and converted to the field's type; a value may hold commas (``keep=0,2,gamma=0.98``:
     an item starts only at ``,name=``); ``set_here``: the fields the benchmark sets itself. A
     ValueError names the item and the fix. Check the runs they make with :func:`checked_config`."""
@@ -43,7 +27,7 @@ def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
     for item in filter(None, re.split(r",+(?=\w+=)", text.strip(","))):
         name, _, value = item.partition("=")
         if name not in fields or name in set_here or not value:
-            raise ValueError(f"--options {item!r}: give name=value, name a field of the example's Config that the "
+            raise ValueError(f"--options {item!r}: give name=value, name a field of the recipe's Config that the "
                              f"benchmark does not set itself ({', '.join(set_here)}), e.g. gamma=0.98")
         if name in chosen:
             raise ValueError(f"--options {item!r}: {name} is given twice; give it once")
@@ -58,9 +42,9 @@ def config_options(config: type, text: str, set_here: tuple[str, ...]) -> dict:
 
 
 def checked_config(config: type, chosen: dict, *checks, **fixed):
-    """``config(**fixed, **chosen)`` checked as the example checks a command line that gives
+    """``config(**fixed, **chosen)`` checked as the recipe checks a command line that gives
     ``chosen``: its ``check()``, an option of ``chosen`` the run would ignore refused even at its
-    default (``options.applicable``), then each of ``checks(cfg)`` (the example's checks that build
+    default (``options.applicable``), then each of ``checks(cfg)`` (the recipe's checks that build
     an env, such as ``check_keep``). A ValueError says which ``--options`` it refuses."""
     try:
         cfg = config(**fixed, **chosen)

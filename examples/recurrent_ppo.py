@@ -1,84 +1,14 @@
-"""Recurrent PPO on a partially observable task, composed from TorchRL and torchrl_seqchunk.
+"""Recurrent PPO on CartPole without velocities (the main job): the same run as ``seqchunk ppo``, from a checkout.
 
-Default task: CartPole-v1 without its velocity components (the agent sees cart position
-and pole angle only), so it must infer velocities from memory.
+    python examples/recurrent_ppo.py [--boundary-mode mask] [--batching streams] [--env Pendulum-v1 --keep 0,1]
 
-    python examples/recurrent_ppo.py                               # windows, reset_continue
-    python examples/recurrent_ppo.py --boundary-mode mask          # the usual masked baseline
-    python examples/recurrent_ppo.py --batching streams            # stream chunks + carry
-    python examples/recurrent_ppo.py --env Pendulum-v1 --keep 0,1  # any gymnasium id ("module:Id" too)
-
-Pipeline per iteration:
-  1. a collector steps `num_envs` envs (observations normalized by VecNormV2's rule, its
-     statistics frozen after `--obs-norm-until` of the run; rewards scaled by
-     ReturnScaledReward); the actor and critic run ResetRNN in step mode, so the rollout
-     stores the memory each of them had at every step. On the default
-     `--env-batching vector` that is VectorEnvCollector (the rollouts of TorchRL's Collector,
-     stepped on plain tensors), on `serial` / `parallel` TorchRL's Collector;
-  2. boundary_gae computes advantages on the rollout [num_envs, T];
-  3. the batching turns the rollout into batches: `--batching windows` cuts windows [N, W]
-     that RecurrentPPOLoss unrolls with `--boundary-mode`; `--batching streams` reads the
-     rollout as StreamChunkSampler chunks [B, T] (through a ChunkPrefetcher) and the ResetRNN
-     modules carry their state from one chunk to the next (truncated BPTT).
-
-Writes runs/<name>/metrics.csv and, beside it, runs/<name>/learning_curve.png.
+The trainer is a recipe of the package, read top to bottom in
+torchrl_seqchunk/recipes/ppo.py (its Config, then train(cfg)); every flag is its
+Config's field (``--help``).
 """
-from __future__ import annotations
+import sys
 
-import torch
-from tensordict.nn import TensorDictSequential
+from torchrl_seqchunk.recipes import cli
 
-from common import options
-from common.agent import make_agent
-from common.batching import make_batching
-from common.config import RENAMED, Config
-from common.envs import check_keep, make_acting_env, make_collector, make_env, obs_norm_of
-from common.ppo import LOGGED, add_advantages, anneal, update
-from common.report import Report, check_run_folder, finished_returns
-
-
-def parse_args(argv=None) -> Config:
-    cfg = options.cli(Config, __doc__, argv, RENAMED)
-    options.or_fail(check_keep, cfg)
-    options.or_fail(check_run_folder, cfg.runs_dir, cfg.name, cfg.overwrite)
-    return cfg
-
-
-def main(cfg: Config) -> list[dict]:
-    cfg.check()  # a Config built in code is checked as a command line is
-    out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    frames_per_batch = cfg.num_envs * cfg.rollout_len
-    planned_frames = -(-cfg.total_frames // frames_per_batch) * frames_per_batch  # whole rollouts
-
-    actor, critic, rnns = make_agent(cfg, make_env(cfg, warn=True), carry=cfg.batching == "streams")
-    env = make_acting_env(cfg, rnns, cfg.seed)
-    actor, critic = actor.to(cfg.device), critic.to(cfg.device)
-    collector = make_collector(cfg, env, TensorDictSequential(actor, critic), frames_per_batch, planned_frames)
-    batching = make_batching(cfg, rnns, frames_per_batch)
-    loss_module = batching.make_loss(actor, critic)
-    optim = torch.optim.Adam(loss_module.parameters(), lr=cfg.lr, eps=1e-5)
-    obs_norm = obs_norm_of(env)  # frozen by anneal once --obs-norm-until of the run is collected
-    report = Report(out_dir, planned_frames=planned_frames, target=cfg.target, return_window=cfg.return_window,
-                    stop_at_target=cfg.stop_at_target, progress=cfg.progress)
-
-    for rollout in collector:  # [num_envs, T]
-        # TorchRL's batched env raises the thread count when it closes, before the last batch
-        torch.set_num_threads(cfg.threads)
-        returns = finished_returns(rollout)
-        add_advantages(cfg, critic, rollout, standardize=batching.standardize_advantages)
-        losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
-                        max_grad_norm=cfg.max_grad_norm)
-        collector.update_policy_weights_()
-        anneal(cfg, optim, loss_module, max(0.0, 1 - (report.frames + rollout.numel()) / planned_frames), obs_norm)
-        report.add(rollout.numel(), returns, {k: losses[k] for k in LOGGED})
-        if report.reached:
-            break
-    collector.shutdown()
-    report.close(cfg.name)
-    return report.rows
-
-
-if __name__ == "__main__":
-    main(parse_args())
+if __name__ == "__main__":  # worker processes (spawn) import this file again without running it
+    cli.main(["ppo", *sys.argv[1:]])

@@ -127,7 +127,8 @@ def test_memory_resume_refuses_runs_that_do_not_record_their_settings(tmp_path):
 
 def test_options_values_may_hold_commas():
     import toolkit
-    config = toolkit.load_main_job().Config
+    from torchrl_seqchunk.recipes.ppo import Config as config  # the main job's
+
     assert toolkit.config_options(config, "keep=0,2,gamma=0.98", ()) == {"keep": "0,2", "gamma": 0.98}
     assert toolkit.config_options(config, "gamma=0.98,keep=all", ()) == {"gamma": 0.98, "keep": "all"}
     with pytest.raises(ValueError, match="'lr=0.001,5': lr takes a float"):

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_prefetch  # noqa: E402
-from common.loopback import loopback_store  # noqa: E402  examples/common, on the path through toolkit
+from torchrl_seqchunk.recipes.common.loopback import loopback_store  # noqa: E402
 
 
 def gpu_sh(*args: str) -> subprocess.CompletedProcess:

@@ -1,23 +1,14 @@
 """The main job's fast path: the in-process vector env learns what SerialEnv learns, and the
 values bootstrapped from are those a per-step critic call gives."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from toolkit import load_main_job  # noqa: E402  benchmarks/toolkit.py
-
-from common.agent import make_agent  # noqa: E402  examples/common, on the path through toolkit
-from common.envs import make_acting_env, make_env  # noqa: E402
-from common.ppo import next_values  # noqa: E402
-
-job = load_main_job()
+from torchrl_seqchunk.recipes import ppo as job
+from torchrl_seqchunk.recipes.common.agent import make_agent
+from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_env
+from torchrl_seqchunk.recipes.common.ppo import next_values
 
 
 def test_vector_and_serial_main_jobs_learn_alike(tmp_path):
@@ -27,7 +18,7 @@ def test_vector_and_serial_main_jobs_learn_alike(tmp_path):
     for batching in ("vector", "serial"):
         cfg = job.Config(env_batching=batching, total_frames=512, num_envs=4, max_episode_steps=40,
                          runs_dir=str(tmp_path), name=batching, progress=False)
-        runs.append([{k: v for k, v in row.items() if k != "wall_s"} for row in job.main(cfg)])
+        runs.append([{k: v for k, v in row.items() if k != "wall_s"} for row in job.train(cfg).rows])
     assert runs[0] == runs[1]
     assert runs[0][-1]["episodes"] > 0
 

@@ -1,8 +1,5 @@
 """VectorEnvCollector against TorchRL's Collector on the same env, policy and seeds: the same
 rollouts, key for key and value for value; and what it refuses."""
-import sys
-from pathlib import Path
-
 import gymnasium as gym
 import pytest
 import torch
@@ -19,11 +16,9 @@ from torchrl.modules import (EGreedyModule, GRUModule, OneHotCategorical, Ornste
 
 from torchrl_seqchunk import ResetRNN, ReturnScaledReward, RunningObservationNorm, VectorEnvCollector, tensor_policy
 from torchrl_seqchunk.envs import SyncVectorGymWrapper, make_masked_env, make_vector_env
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from common.agent import make_agent  # noqa: E402  examples/common: the main job's agent
-from common.config import Config  # noqa: E402
-from common.envs import make_acting_env, make_env  # noqa: E402
+from torchrl_seqchunk.recipes.common.agent import make_agent  # the main job's agent
+from torchrl_seqchunk.recipes.common.config import Config
+from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_env
 
 
 def rollouts(kind, cfg, seed: int, batches: int) -> list:

@@ -14,6 +14,8 @@ pytest.importorskip("minigrid")
 
 import bench_curriculum  # noqa: E402
 
+from torchrl_seqchunk.recipes.common.report import Run  # noqa: E402
+
 
 def test_first_counts_a_miss_as_the_budget():
     rows = [{"frames": 512, "eval_return": -200.0}, {"frames": 1024, "eval_return": -105.0},
@@ -38,8 +40,8 @@ def test_bad_options_are_refused_before_any_output(tmp_path, capsys, argv, optio
 
 def test_options_reach_both_arms_of_ours(monkeypatch, tmp_path):
     args = bench_curriculum.parse_args(["--options", "entropy_coeff=0.05,nudge=7", "--out", str(tmp_path)])
-    job, seen = bench_curriculum.load_example(), []
-    monkeypatch.setattr(job, "main", lambda cfg: seen.append(cfg) or [])
+    seen = []
+    monkeypatch.setattr(bench_curriculum.recipe, "train", lambda cfg: seen.append(cfg) or Run(tmp_path, [], ()))
     for curriculum in (True, False):
         bench_curriculum.run_ours("MountainCar-v0", curriculum, 3, args)
     assert [(c.entropy_coeff, c.nudge, c.curriculum, c.seed) for c in seen] == [(0.05, 7, True, 3), (0.05, 7, False, 3)]

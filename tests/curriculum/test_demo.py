@@ -5,9 +5,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from torchrl_seqchunk import Demo, record_demo
+from torchrl_seqchunk import Demo, recipes, record_demo
 
-DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
+DEMO_PATH = Path(recipes.__file__).parent / "data" / "montezuma_revenge_demo.npz"  # shipped with the package
 FROZEN_LAKE_WIN = [2, 2, 1, 1, 1, 2]  # right, right, down, down, down, right on the 4x4 map
 LAKE_4X4 = {"id": "FrozenLake-v1", "kwargs": {"map_name": "4x4", "is_slippery": False}}
 

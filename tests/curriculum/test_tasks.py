@@ -9,9 +9,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs import GymWrapper, TransformedEnv
 
-from torchrl_seqchunk import Demo, EncodeObservation, ResetManager, ReverseCurriculum, record_demo
+from torchrl_seqchunk import Demo, EncodeObservation, ResetManager, ReverseCurriculum, recipes, record_demo
 
-DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+DATA = Path(recipes.__file__).parent / "data"  # the demos shipped with the package
 minigrid = pytest.importorskip("minigrid")
 from minigrid.wrappers import ImgObsWrapper  # noqa: E402
 

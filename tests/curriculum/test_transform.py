@@ -10,9 +10,9 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs import GymEnv, GymWrapper, ParallelEnv, SerialEnv, TransformedEnv
 
-from torchrl_seqchunk import Demo, ResetManager, ReverseCurriculum, record_demo
+from torchrl_seqchunk import Demo, ResetManager, ReverseCurriculum, recipes, record_demo
 
-DEMO_PATH = Path(__file__).resolve().parents[2] / "examples" / "data" / "montezuma_revenge_demo.npz"
+DEMO_PATH = Path(recipes.__file__).parent / "data" / "montezuma_revenge_demo.npz"  # shipped with the package
 
 
 # --- a deterministic toy env ---------------------------------------------------------------

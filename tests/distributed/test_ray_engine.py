@@ -1,4 +1,4 @@
-"""examples/distributed_ppo.py --engine ray: env workers as Ray actors of a local cluster that
+"""seqchunk distributed-ppo --engine ray: env workers as Ray actors of a local cluster that
 binds the loopback only and is gone, every process of it, when the run ends."""
 import csv
 import math
@@ -28,7 +28,7 @@ def test_ray_engine_on_two_learners_and_two_workers_binds_the_loopback_and_leave
     marker = f"RAY_TMPDIR={ray_tmp}"
     env = {**os.environ, "RAY_TMPDIR": ray_tmp,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--engine", "ray",
+    command = [sys.executable, "-m", "torchrl_seqchunk.recipes", "distributed-ppo", "--engine", "ray",
                "--learners", "2", "--workers", "2", "--total-frames", "512", "--num-envs", "2",
                "--epochs", "2", "--no-progress", "--runs-dir", str(tmp_path), "--name", "run"]
     names, addresses = set(), set()

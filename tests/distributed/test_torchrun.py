@@ -1,4 +1,4 @@
-"""examples/distributed_ppo.py started as torchrun starts it: one process per learner rank,
+"""seqchunk distributed-ppo started as torchrun starts it: one process per learner rank,
 joining the group through env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the
 agent's store (TORCHELASTIC_USE_AGENT_STORE). The agent's store is served here, on the
 loopback, in place of torchrun's (which listens on every interface)."""
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from processes import is_loopback, listening_addresses, marked_processes
 
+from torchrl_seqchunk.recipes.common.loopback import loopback_store
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
-from distributed_ppo import loopback_store  # noqa: E402  (examples/distributed_ppo.py)
+DISTRIBUTED_PPO = [sys.executable, "-m", "torchrl_seqchunk.recipes", "distributed-ppo"]  # seqchunk distributed-ppo
 
 
 def rank_env(rank: int, world: int, port: int, marker: str) -> dict:
@@ -34,7 +35,7 @@ def rank_env(rank: int, world: int, port: int, marker: str) -> dict:
 def test_two_ranks_started_as_torchrun_starts_them_learn_together(tmp_path):
     store = loopback_store()
     marker = f"SEQCHUNK_TORCHRUN_TEST={tmp_path.name}"
-    command = [sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--workers", "2",
+    command = [*DISTRIBUTED_PPO, "--workers", "2",
                "--total-frames", "512", "--num-envs", "2", "--epochs", "2", "--no-progress",
                "--runs-dir", str(tmp_path), "--name", "run"]
     ranks, addresses = [], set()
@@ -66,10 +67,10 @@ def test_two_ranks_started_as_torchrun_starts_them_learn_together(tmp_path):
 
 def test_learners_other_than_the_torchrun_world_size_and_a_ray_cluster_of_its_own_are_refused():
     env = rank_env(0, 3, 1, "SEQCHUNK_TORCHRUN_TEST=refused")
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--learners", "4"],
+    result = subprocess.run([*DISTRIBUTED_PPO, "--learners", "4"],
                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 2
     assert "--learners 4, but torchrun started 3 ranks (WORLD_SIZE)" in result.stderr
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "distributed_ppo.py"), "--engine", "ray",
+    result = subprocess.run([*DISTRIBUTED_PPO, "--engine", "ray",
                              "--workers", "3"], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 2 and "under torchrun, --engine ray joins a running Ray cluster" in result.stderr

@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_offpolicy  # noqa: E402
-import recurrent_dqn  # noqa: E402  examples/recurrent_dqn.py, on the path through benchmarks/toolkit.py
 from refusals import refused  # noqa: E402  tests/refusals.py
 from toolkit import checked_config  # noqa: E402
+
+from torchrl_seqchunk.recipes import dqn  # noqa: E402
 
 
 def command(*args: str) -> subprocess.CompletedProcess:
@@ -74,7 +75,7 @@ def test_options_are_checked_before_anything_runs(tmp_path):
                             ("lr=0.001,lr=0.002", "lr is given twice")]:
         message = refusal("--options", given, "--no-speed", "--out", str(tmp_path / "x"))
         assert expected in message, (given, message[-2000:])
-    # each run checked as the example's command line is: the env's 4 observations have no index 7
+    # each run checked as the DQN recipe's command line is: the env's 4 observations have no index 7
     message = refusal("--options", "keep=7", "--tasks", "repeat_first", "--no-speed", "--out", str(tmp_path / "x"))
     assert "a run of env=popgym:popgym-RepeatFirstEasy-v0" in message
     assert "--keep 7: keep=[7] is out of range" in message
@@ -82,20 +83,20 @@ def test_options_are_checked_before_anything_runs(tmp_path):
 
 
 def test_options_are_checked_against_the_runs_of_the_grid():
-    """Against --frames and each task and recipe, not the example's own defaults (60,000 frames)."""
+    """Against --frames and each task and recipe, not the DQN recipe's own defaults (60,000 frames)."""
     chosen = {"learning_starts": 70_000}
     with pytest.raises(ValueError, match="leave no gradient step"):
-        checked_config(recurrent_dqn.Config, chosen)
-    assert checked_config(recurrent_dqn.Config, chosen, total_frames=100_000, replay="slice").learning_starts == 70_000
+        checked_config(dqn.Config, chosen)
+    assert checked_config(dqn.Config, chosen, total_frames=100_000, replay="slice").learning_starts == 70_000
     # the speed comparisons' Configs too, on the grid's budget (they were rebuilt on 4,096 and 60,000 frames)
     configs = bench_offpolicy.speed_configs(chosen, 100_000)
-    assert set(configs) == {"streams", "collect", "sequence_burnin0", f"sequence_burnin{recurrent_dqn.Config.burn_in}"}
+    assert set(configs) == {"streams", "collect", "sequence_burnin0", f"sequence_burnin{dqn.Config.burn_in}"}
     assert all(cfg.learning_starts == 70_000 for cfg in configs.values())
     assert configs["sequence_burnin0"].replay == "sequence" and configs["sequence_burnin0"].burn_in == 0
     with pytest.raises(ValueError, match="replay=sequence, burn_in=0 and --options 'stream_groups=4'"):
         bench_offpolicy.speed_configs({"stream_groups": 4}, 100_000)  # the sequence recipe would ignore it
     assert bench_offpolicy.options_text({"replay_ratio": 16.0, "lr": 1e-3}) == "lr=0.001"  # the default left out
-    assert bench_offpolicy.options_text({"replay_ratio": float(recurrent_dqn.Config.replay_ratio)}) == ""
+    assert bench_offpolicy.options_text({"replay_ratio": float(dqn.Config.replay_ratio)}) == ""
 
 
 def test_tiny_speed_run_prints_its_ratios(tmp_path):

@@ -182,7 +182,7 @@ class Demo:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Demo":
-        """Reads a demo written by :meth:`save` (or ``examples/data/README.md``'s format).
+        """Reads a demo written by :meth:`save` (or ``torchrl_seqchunk/recipes/data/README.md``'s format).
 
         Raises:
             ValueError: the file is not a readable ``.npz`` (a ``.npy`` file, a
@@ -199,8 +199,8 @@ class Demo:
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
             raise ValueError(
                 f"cannot read demo file {path!r} as a pickle-free .npz ({err}); pass a complete file "
-                "written by Demo.save (format: examples/data/README.md), copying or re-recording it "
-                "if it was cut short."
+                "written by Demo.save (format: torchrl_seqchunk/recipes/data/README.md), copying or "
+                "re-recording it if it was cut short."
             ) from err
         missing = {"actions", "rewards", "meta"} - set(arrays)
         if missing:

@@ -1,7 +1,7 @@
-"""Records the shipped demonstrations of the sparse-reward tasks (see README.md beside it).
+"""Records the shipped demonstrations of the sparse-reward tasks (torchrl_seqchunk/recipes/data/, see its README.md).
 
-    python examples/data/record_demos.py            # writes the .npz files here
-    python examples/data/record_demos.py --check    # re-records and compares with the shipped files
+    python examples/record_demos.py            # writes the .npz files into torchrl_seqchunk/recipes/data/
+    python examples/record_demos.py --check    # re-records and compares with the shipped files
 
 - ``mountain_car_demo.npz``: ``MountainCar-v0`` from ``reset(seed=0)``, a hand policy that
   pushes in the direction of the velocity (right when it is 0).
@@ -18,12 +18,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from torchrl_seqchunk import Demo, record_demo
+from torchrl_seqchunk import Demo, record_demo, recipes
 
-HERE = Path(__file__).resolve().parent
-MOUNTAIN_CAR = HERE / "mountain_car_demo.npz"
-DOORKEYS = {"MiniGrid-DoorKey-5x5-v0": HERE / "minigrid_doorkey_demo.npz",
-            "MiniGrid-DoorKey-8x8-v0": HERE / "minigrid_doorkey8_demo.npz"}
+DATA = Path(recipes.__file__).resolve().parent / "data"  # the demos ship with the package
+MOUNTAIN_CAR = DATA / "mountain_car_demo.npz"
+DOORKEYS = {"MiniGrid-DoorKey-5x5-v0": DATA / "minigrid_doorkey_demo.npz",
+            "MiniGrid-DoorKey-8x8-v0": DATA / "minigrid_doorkey8_demo.npz"}
 SEED = 0
 
 
@@ -102,7 +102,7 @@ def doorkey_actions(env_id: str, seed: int = SEED) -> list[int]:
 def record_all() -> dict[Path, Demo]:
     import minigrid  # noqa: F401  (registers the MiniGrid ids)
 
-    source = "examples/data/record_demos.py"
+    source = "examples/record_demos.py"
     demos = {
         MOUNTAIN_CAR: record_demo(
             gym.make("MountainCar-v0"), mountain_car_actions(), seed=SEED,

@@ -1,4 +1,4 @@
-"""The recurrent actor-critic of the examples: encoder -> ResetRNN -> head, for the actor and the critic."""
+"""The recurrent actor-critic of the recipes: encoder -> ResetRNN -> head, for the actor and the critic."""
 from __future__ import annotations
 
 import torch

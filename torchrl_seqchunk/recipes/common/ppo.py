@@ -1,4 +1,4 @@
-"""The PPO steps both main jobs share: advantages, the update and the schedules."""
+"""The PPO steps the PPO recipes share: advantages, the update and the schedules, and one iteration of them."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -57,6 +57,19 @@ def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDi
         optim.step()
         logs.append(loss.detach().select(*LOGGED))
     return torch.stack(logs).mean()
+
+
+def learn(cfg, rollout: TensorDictBase, critic, batching, loss_module, optim: torch.optim.Optimizer, *,
+          remaining: float, obs_norm: RunningObservationNorm | None = None) -> TensorDictBase:
+    """One iteration's learning from a rollout ``[num_envs, T]``: its advantages (standardized as
+    ``batching`` asks), a PPO gradient step per batch of ``batching``, then the schedules at
+    ``remaining`` (the run's share still to come, 1 -> 0; see :func:`anneal`). Returns the mean
+    of the LOGGED losses."""
+    add_advantages(cfg, critic, rollout, standardize=batching.standardize_advantages)
+    losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
+                    max_grad_norm=cfg.max_grad_norm)
+    anneal(cfg, optim, loss_module, remaining, obs_norm)
+    return losses
 
 
 def anneal(cfg, optim: torch.optim.Optimizer, loss_module, remaining: float,

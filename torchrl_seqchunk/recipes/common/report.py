@@ -8,12 +8,13 @@ written). A running run claims its folder (``.running``, its process id): a seco
 started on the same folder while the first runs is refused (status 2) instead of writing
 into the same metrics.csv; the claim of a process that ended is taken over. TorchRL's ``CSVLogger`` writes one file per scalar under ``scalars/`` and
 ``generate_exp_name`` adds a date and a random id, so neither gives the one table of a
-named, reproducible run folder that the examples and benchmarks read.
+named, reproducible run folder that the recipes and benchmarks read.
 """
 from __future__ import annotations
 
 import atexit
 import csv
+import dataclasses
 import math
 import os
 import time
@@ -112,6 +113,40 @@ def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
     return out_dir
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a recipe's ``train`` returns: the run's folder, its metrics and the files it wrote.
+
+    ``rows``: the rows of ``out_dir/metrics.csv``, one dict per row (column -> int or float;
+    NaN where a column has no value yet, such as the mean return before the first episode
+    ends); ``files``: the paths written, ``metrics.csv`` first."""
+    out_dir: Path
+    rows: list[dict]
+    files: tuple[Path, ...]
+
+    @property
+    def metrics(self) -> Path:
+        """``out_dir/metrics.csv``."""
+        return self.out_dir / METRICS
+
+    @classmethod
+    def read(cls, out_dir: Path, outputs: tuple[str, ...] = (CURVE,)) -> "Run":
+        """The Run of a finished run folder, its rows read back from ``metrics.csv`` (numbers
+        as the report wrote them: ints stay ints); ``outputs``: its other files, listed where
+        they exist. A FileNotFoundError if the folder holds no metrics.csv."""
+        out_dir = Path(out_dir)
+        with open(out_dir / METRICS, newline="") as f:
+            rows = [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return cls(out_dir, rows, (out_dir / METRICS, *(out_dir / n for n in outputs if (out_dir / n).exists())))
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def plot_curve(rows: list[dict], path: Path, *, target: float | None, return_window: int, title: str) -> None:
     """The mean return by frame (NaN left out), with the target as a dashed line."""
     import matplotlib
@@ -146,7 +181,7 @@ class Report:
     def __init__(self, out_dir: Path, *, planned_frames: int, target: float | None = None,
                  return_window: int = 20, stop_at_target: bool = False, progress: bool = True,
                  outputs: tuple[str, ...] = ()):
-        from .options import or_fail  # the examples' refusal (status 2)
+        from .options import or_fail  # the recipes' refusal (status 2)
 
         self.out_dir, self.target, self.stop_at_target = Path(out_dir), target, stop_at_target
         or_fail(claim, self.out_dir)
@@ -190,13 +225,14 @@ class Report:
         self.bar.update(frames)  # one refresh per iteration
         return row
 
-    def close(self, title: str = "") -> None:
+    def close(self, title: str = "") -> Run:
         """Closes the bar and the CSV, draws the curve, prints the summary line and releases
-        the folder's claim."""
+        the folder's claim. Returns the Run: its rows and the files written so far (none
+        without a row)."""
         self.bar.close()
         release(self.out_dir)
         if self.file is None:
-            return
+            return Run(self.out_dir, [], ())
         self.file.close()
         rows = self.rows
         plot_curve(rows, self.out_dir / CURVE, target=self.target, return_window=self.returns.maxlen,
@@ -206,3 +242,4 @@ class Report:
         target = f"frames_to_{self.target:g}: {reached} " if self.target is not None else ""
         print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
               f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {self.out_dir}")
+        return Run(self.out_dir, rows, (self.out_dir / METRICS, self.out_dir / CURVE))

@@ -22,8 +22,8 @@ def uncovered_steps(rollout_len: int, window: int, stride: int) -> int:
 
 @dataclasses.dataclass
 class RunConfig:
-    """What every example's run shares: the task, the run's size and seed, where it runs, what it
-    reports and where it writes. Each example's Config adds its own fields (and defaults)."""
+    """What every recipe's run shares: the task, the run's size and seed, where it runs, what it
+    reports and where it writes. Each recipe's Config adds its own fields (and defaults)."""
     env: str = "CartPole-v1"
     """gymnasium id, "module:Id" too (e.g. popgym:popgym-RepeatFirstEasy-v0)"""
     keep: str = "auto"

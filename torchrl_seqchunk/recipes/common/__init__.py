@@ -1,6 +1,6 @@
-"""What the examples share, one job per module (examples put ``examples/`` on the path by being there):
+"""What the recipes share, one job per module:
 
-- ``options``: the command line from a Config dataclass (tyro) and the option checks every script uses;
+- ``options``: the command line from a Config dataclass (tyro) and the option checks every recipe uses;
 - ``config``: the main job's Config, recurrent PPO's hyperparameters, each checked;
 - ``envs``: the main job's batched, transformed env and its acting variant (the agent's primers);
 - ``agent``: the recurrent actor-critic (encoder -> ResetRNN -> head);

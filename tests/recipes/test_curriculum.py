@@ -1,15 +1,20 @@
-"""examples/reverse_curriculum.py: every option is checked before any output; a short run moves the maximum back."""
+"""The curriculum recipe (seqchunk curriculum): every option is checked before any output; a short
+run moves the maximum back."""
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from torchrl_seqchunk.recipes import cli
+from torchrl_seqchunk.recipes import curriculum as job
+
+DATA = Path(job.__file__).parent / "data"  # the demos shipped with the package
 pytest.importorskip("minigrid")
 
-from bench_curriculum import load_example  # noqa: E402
+
+def parse_args(argv: list[str]) -> job.Config:
+    """The command line ``seqchunk curriculum <argv>``, checked."""
+    return cli.parse(["curriculum", *argv])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -27,36 +32,33 @@ from bench_curriculum import load_example  # noqa: E402
     (["--keep", "0"], "--keep does not apply here"),
     (["--env", "NoSuchEnv-v0"], "--env NoSuchEnv-v0: "),
     (["--env", "CartPole-v1"], "--env CartPole-v1 ships no demo"),
-    (["--env", "CartPole-v1", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "recorded in MountainCar-v0"),
+    (["--env", "CartPole-v1", "--demo", str(DATA / "mountain_car_demo.npz")], "recorded in MountainCar-v0"),
     (["--demo", "/no/such/demo.npz"], "--demo: cannot read demo file"),
-    (["--no-curriculum", "--demo", str(ROOT / "examples/data/mountain_car_demo.npz")], "--demo applies to --curriculum only"),
-    (["--env", "Acrobot-v1", "--stop-at-target"], "has no target to stop at; this example's targets are its tasks'"),
+    (["--no-curriculum", "--demo", str(DATA / "mountain_car_demo.npz")], "--demo applies to --curriculum only"),
+    (["--env", "Acrobot-v1", "--stop-at-target"], "has no target to stop at; this recipe's targets are its tasks'"),
 ])
 def test_bad_options_are_refused_by_name_before_any_output(tmp_path, capsys, argv, message):
-    job = load_example()
     with pytest.raises(SystemExit) as exit_info:
-        job.parse_args([*argv, "--runs-dir", str(tmp_path / "runs")])
+        parse_args([*argv, "--runs-dir", str(tmp_path / "runs")])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
 def test_defaults_resolve_per_task():
-    job = load_example()
-    cfg = job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0"])
+    cfg = parse_args(["--env", "MiniGrid-DoorKey-5x5-v0"])
     assert cfg.demo_path.endswith("minigrid_doorkey_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 250)
     assert cfg.name == "MiniGrid-DoorKey-5x5-v0_curriculum_seed0"
-    cfg = job.parse_args(["--env", "MiniGrid-DoorKey-8x8-v0"])
+    cfg = parse_args(["--env", "MiniGrid-DoorKey-8x8-v0"])
     assert cfg.demo_path.endswith("minigrid_doorkey8_demo.npz") and cfg.success_margin == pytest.approx(0.9 * 20 / 640)
-    assert job.parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
-    assert job.parse_args(["--no-curriculum", "--env", "Acrobot-v1"]).target is None  # PPO from the reset needs no demo
-    assert job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--stop-at-target"]).target == 0.9  # a goal rate
+    assert parse_args(["--no-curriculum"]).name == "MountainCar-v0_scratch_seed0"
+    assert parse_args(["--no-curriculum", "--env", "Acrobot-v1"]).target is None  # PPO from the reset needs no demo
+    assert parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--stop-at-target"]).target == 0.9  # a goal rate
 
 
 @pytest.mark.slow
 def test_mountain_car_run_moves_the_maximum_back(tmp_path):
-    job = load_example()
-    rows = job.main(job.parse_args(["--total-frames", "2048", "--eval-every", "2", "--eval-episodes", "2",
-                                    "--runs-dir", str(tmp_path), "--no-progress"]))
+    rows = job.train(parse_args(["--total-frames", "2048", "--eval-every", "2", "--eval-episodes", "2",
+                                 "--runs-dir", str(tmp_path), "--no-progress"])).rows
     written = list(csv.DictReader(open(tmp_path / "MountainCar-v0_curriculum_seed0" / "metrics.csv")))
     assert len(rows) == len(written) == 4
     # from the demo's last steps the car reaches the flag at once: the maximum leaves 121
@@ -66,7 +68,6 @@ def test_mountain_car_run_moves_the_maximum_back(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--obs-norm", "--reward-norm"], ["--no-obs-norm", "--no-reward-norm"]])
 def test_norm_flags_and_the_evaluation_reads_a_frozen_clipped_copy(tmp_path, monkeypatch, flags):
-    job = load_example()
     seen, built = [], []
     real_evaluate, real_make_env = job.evaluate, job.make_env
 
@@ -80,9 +81,9 @@ def test_norm_flags_and_the_evaluation_reads_a_frozen_clipped_copy(tmp_path, mon
 
     monkeypatch.setattr(job, "evaluate", spy_evaluate)
     monkeypatch.setattr(job, "make_env", spy_make_env)
-    rows = job.main(job.parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--total-frames", "128", "--num-envs", "4",
-                                    "--eval-every", "1", "--eval-episodes", "1", "--eval-sample", *flags,
-                                    "--runs-dir", str(tmp_path), "--no-progress"]))
+    rows = job.train(parse_args(["--env", "MiniGrid-DoorKey-5x5-v0", "--total-frames", "128", "--num-envs", "4",
+                                 "--eval-every", "1", "--eval-episodes", "1", "--eval-sample", *flags,
+                                 "--runs-dir", str(tmp_path), "--no-progress"])).rows
     assert len(seen) == len(rows) == 1 and 0.0 <= rows[0]["eval_success"] <= 1.0
     if flags[0] == "--no-obs-norm":
         assert seen[0] is None and built[0] == []  # the training env: neither transform

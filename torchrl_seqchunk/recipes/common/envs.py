@@ -1,4 +1,4 @@
-"""The examples' envs and the collector that steps them."""
+"""The recipes' envs and the collector that steps them."""
 from __future__ import annotations
 
 import functools

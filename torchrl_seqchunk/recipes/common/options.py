@@ -1,4 +1,4 @@
-"""Command lines and option checks for every example and benchmark, in one place.
+"""Command lines and option checks for every recipe and benchmark, in one place.
 
 A Config dataclass becomes a command line through tyro (help from the fields' docstrings,
 choices from ``Literal`` types, booleans as ``--x/--no-x``); its ``check()`` method checks
@@ -107,29 +107,30 @@ def gym_id(name: str, value: str) -> str:
     return value
 
 
-def fail(message: str) -> None:
-    """Exits as a refused command line does (status 2), with ``message`` on stderr."""
-    print(f"usage: {sys.argv[0]} [-h] [OPTIONS]\nerror: {message}", file=sys.stderr)
+def fail(message: str, prog: str | None = None) -> None:
+    """Exits as a refused command line does (status 2), with ``message`` on stderr; ``prog``: the
+    command in the usage line (default: the script's)."""
+    print(f"usage: {prog or sys.argv[0]} [-h] [OPTIONS]\nerror: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def cli(config: type, description: str, argv: Sequence[str] | None = None, renamed: dict[str, str] | None = None):
+def cli(config: type, description: str, argv: Sequence[str] | None = None, renamed: dict[str, str] | None = None,
+        *, prog: str | None = None):
     """The Config dataclass ``config`` filled from the command line ``argv`` (default: ``sys.argv``)
     and checked (its ``check()``; a ValueError refuses the command). ``renamed`` maps deprecated
-    flags to their new spelling: they still work, with a ``FutureWarning``."""
-    try:
-        import tyro
-    except ModuleNotFoundError as err:  # tyro comes with the test extra
-        raise SystemExit('the examples need tyro: pip install -e ".[test]"') from err
+    flags to their new spelling: they still work, with a ``FutureWarning``; ``prog``: the
+    command's name in its usage line (default: the script's)."""
+    import tyro
+
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(argv):
         old, eq, value = arg.partition("=")
         if renamed and old in renamed:
             warnings.warn(f"{old} is deprecated; use {renamed[old]}.", FutureWarning, stacklevel=2)
             argv[i] = renamed[old] + eq + value
-    cfg = tyro.cli(config, args=argv, description=description)
-    or_fail(cfg.check)
-    or_fail(applicable, cfg, given_fields(config, argv))
+    cfg = tyro.cli(config, args=argv, description=description, prog=prog)
+    or_fail(cfg.check, prog=prog)
+    or_fail(applicable, cfg, given_fields(config, argv), prog=prog)
     return cfg
 
 
@@ -150,7 +151,7 @@ def given_fields(config: type, argv: Sequence[str]) -> set[str]:
 def applicable(cfg, given: Collection[str] | None = None) -> None:
     """Refuses an option that the run would ignore: ``type(cfg).APPLIES`` maps a field to ``(owner,
     values, note)``, the field applying only while field ``owner`` is one of ``values`` (a tuple, or
-    a ``range`` of integers; ``owner`` None: never, in this Config's script). Such an option is refused where ``given`` names it (the
+    a ``range`` of integers; ``owner`` None: never, in this Config's recipe). Such an option is refused where ``given`` names it (the
     fields a command line sets: a value equal to the default is still refused) or, with
     ``given=None`` (a Config built in code), where it differs from its default. A ValueError names
     the flags and the fix."""
@@ -167,13 +168,14 @@ def applicable(cfg, given: Collection[str] | None = None) -> None:
             raise ValueError(f"{flag(name)} applies to {where} only{note}: drop {flag(name)} or change {flag(owner)}.")
 
 
-def or_fail(check: Callable, *args):
+def or_fail(check: Callable, *args, prog: str | None = None):
     """``check(*args)`` (a check that needs more than the options, such as the file system),
-    refusing the command line (status 2) if it raises a ValueError or TypeError."""
+    refusing the command line (status 2, ``prog`` in the usage line) if it raises a ValueError
+    or TypeError."""
     try:
         return check(*args)
     except (ValueError, TypeError) as err:
-        fail(str(err))
+        fail(str(err), prog)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, *,

@@ -1,4 +1,4 @@
-"""examples/common, the examples' toolkit: option checks, the run folder and the report, by hand."""
+"""The recipes' toolkit (torchrl_seqchunk/recipes/common): option checks, the run folder and the report, by hand."""
 import dataclasses
 import importlib.util
 import math
@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from examples.common import options
-from examples.common.config import RENAMED, Config, uncovered_steps
-from examples.common.ppo import standardized
-from examples.common.report import Report, check_run_folder, finished
+from torchrl_seqchunk.recipes.common import options
+from torchrl_seqchunk.recipes.common.config import RENAMED, Config, uncovered_steps
+from torchrl_seqchunk.recipes.common.ppo import standardized
+from torchrl_seqchunk.recipes.common.report import Report, check_run_folder, finished
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -206,9 +206,9 @@ def test_a_run_folder_another_live_run_writes_is_refused_and_a_dead_runs_claim_t
     ("streams", 0.0, False),
 ])
 def test_advantages_are_standardized_once(batching, floor, loss_standardizes):
-    from examples.common.agent import make_agent
-    from examples.common.batching import make_batching
-    from examples.common.envs import make_env
+    from torchrl_seqchunk.recipes.common.agent import make_agent
+    from torchrl_seqchunk.recipes.common.batching import make_batching
+    from torchrl_seqchunk.recipes.common.envs import make_env
 
     cfg = Config(batching=batching, advantage_std_floor=floor)
     env = make_env(cfg)
@@ -222,9 +222,9 @@ def test_advantages_are_standardized_once(batching, floor, loss_standardizes):
 def test_the_observation_statistics_freeze_at_obs_norm_until(env_batching):
     from tensordict.nn import TensorDictSequential
 
-    from examples.common.agent import make_agent
-    from examples.common.envs import make_acting_env, make_collector, make_env, obs_norm_of
-    from examples.common.ppo import anneal
+    from torchrl_seqchunk.recipes.common.agent import make_agent
+    from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_collector, make_env, obs_norm_of
+    from torchrl_seqchunk.recipes.common.ppo import anneal
 
     cfg = Config(obs_norm_until=0.5, env_batching=env_batching, num_envs=2, rollout_len=4)
     actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=False)
