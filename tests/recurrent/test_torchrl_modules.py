@@ -138,8 +138,9 @@ def test_step_mode_is_torchrl_step_mode():
     is_init = torch.tensor([[True], [False], [False], [True]])
     step = TensorDict({"obs": torch.randn(4, F, generator=gen), "is_init": is_init, **state}, [4])
     with set_recurrent_mode(False):
-        ours, theirs = rnn(step.clone()), module(step.clone())
+        ours, theirs, kernel = rnn(step.clone()), module(step.clone()), ResetRNN(module)(step.clone())
     torch.testing.assert_close(ours["feat"], theirs["feat"])
+    torch.testing.assert_close(kernel["feat"], theirs["feat"], atol=1e-6, rtol=1e-5)  # ours on its nn.LSTM
     for key in module.in_keys[1:-1]:
         torch.testing.assert_close(ours["next", key], theirs["next", key])
         expected = torch.where(is_init[:, :, None], torch.zeros_like(state[key]), state[key])

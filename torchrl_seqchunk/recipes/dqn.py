@@ -56,6 +56,7 @@ from torchrl_seqchunk.envs import make_masked_env
 
 from . import dqn_replay
 from .common import envs, options
+from .common.agent import recurrent_layer
 from .common.config import RunConfig
 from .common.report import Report, Run, check_run_folder, finished_returns
 
@@ -106,6 +107,8 @@ class Config(RunConfig):
     # model and loss
     hidden: int = 64
     """units of the encoder, the GRU and the Q head"""
+    rnn: Literal["resetrnn", "torchrl"] = "resetrnn"
+    """recurrent module: ResetRNN over nn.GRU, or TorchRL's GRUModule inside ResetRNN (TorchRL's keys; the same weights and results)"""
     gamma: float = 0.99
     """discount, in [0, 1]"""
     n_steps: int = 3
@@ -219,9 +222,9 @@ def make_qnet(cfg: Config, env) -> tuple[TensorDictSequential, ResetRNN, TensorD
     env picks one of n actions."""
     obs_dim = env.observation_spec["observation"].shape[-1]
     action_spec = discrete_actions(cfg, env)
-    rnn = ResetRNN(nn.GRU(cfg.hidden, cfg.hidden, batch_first=True), in_key="q_embed", out_key="q_features",
-                   # the loss starts every row through the reset state (carried, stored or zeros)
-                   state_key="q_state", reset_state_key="q_state")
+    # the loss starts every row through the reset state (carried, stored or zeros)
+    rnn = recurrent_layer(cfg.rnn, "gru", cfg.hidden, cfg.hidden, in_key="q_embed", out_key="q_features",
+                          state_key="q_state")
     qnet = TensorDictSequential(
         TensorDictModule(nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()), ["observation"], ["q_embed"]),
         rnn,

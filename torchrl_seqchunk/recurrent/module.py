@@ -61,9 +61,10 @@ class ResetRNN(TensorDictModuleBase):
             Or a TorchRL ``LSTMModule`` / ``GRUModule`` (any ``num_layers``, any
             ``recurrent_backend``): its weights, keys (``in_key``, ``out_key``, its flat
             state keys such as ``recurrent_state_h`` / ``recurrent_state_c``) and backend are
-            kept; sequence mode runs the module itself in recurrent mode, from the carried
-            state, with ``is_first`` given to it as ``is_init``; step mode runs it in step
-            mode (``docs/howto/torchrl-modules.md``).
+            kept; with ``backend="torchrl"`` sequence mode runs the module itself in
+            recurrent mode, from the carried state, with ``is_first`` given to it as
+            ``is_init``, and step mode runs it in step mode; other backends run its
+            ``nn.LSTM`` / ``nn.GRU`` (``docs/howto/torchrl-modules.md``).
 
     Keyword Args:
         in_key (NestedKey): input features ``[*batch, F]``. Default ``"embed"`` (a TorchRL
@@ -493,9 +494,9 @@ class ResetRNN(TensorDictModuleBase):
         return y, used, new
 
     def _step_once(self, x: torch.Tensor, state: tuple) -> tuple:
-        if self._adopted is not None:  # TorchRL's own step
+        if self.backend == "torchrl":  # TorchRL's own step mode
             return torchrl_step(self.rnn, self._adopted, x, state)
-        return step_once(self.rnn, self._layout, x, state)
+        return step_once(self.rnn if self._adopted is None else self._adopted.kernel, self._layout, x, state)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = tensordict.shape

@@ -4,10 +4,27 @@ from __future__ import annotations
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules import MLP, GRUModule, LSTMModule, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.modules.distributions import NormalParamExtractor
 
 from torchrl_seqchunk import ResetRNN
+
+
+def recurrent_layer(kind: str, cell: str, in_size: int, hidden: int, *, in_key: str, out_key: str,
+                    state_key: str, carry: bool = True) -> ResetRNN:
+    """The recurrent layer of a recipe's network: a ResetRNN over ``nn.GRU`` / ``nn.LSTM``
+    (``kind="resetrnn"``, memory under ``state_key``) or over TorchRL's ``GRUModule`` /
+    ``LSTMModule`` (``kind="torchrl"``, TorchRL's keys: ``state_key``, or ``state_key + "_h"`` and
+    ``"_c"``). Either way the same weights for the same seed, reset to the memory stored when
+    acting at a reset inside a training sequence, and carrying its state with ``carry``."""
+    if kind == "torchrl":
+        names = [state_key] if cell == "gru" else [f"{state_key}_h", f"{state_key}_c"]
+        module = {"gru": GRUModule, "lstm": LSTMModule}[cell](
+            input_size=in_size, hidden_size=hidden, in_keys=[in_key, *names, "is_init"],
+            out_keys=[out_key, *(("next", name) for name in names)])
+        return ResetRNN(module, reset_state_key=names, carry=carry)
+    return ResetRNN({"gru": nn.GRU, "lstm": nn.LSTM}[cell](in_size, hidden, batch_first=True), in_key=in_key,
+                    out_key=out_key, state_key=state_key, reset_state_key=state_key, carry=carry)
 
 
 class IndependentOneHotCategorical(torch.distributions.Independent):
@@ -26,7 +43,7 @@ class IndependentOneHotCategorical(torch.distributions.Independent):
 def make_agent(cfg, env, *, carry: bool):
     """Actor and critic, each an MLP encoder -> ResetRNN(GRU or LSTM) -> head, shaped by ``env``'s specs.
 
-    Uses ``cfg.hidden``, ``cfg.cell``, ``cfg.encoder`` and ``cfg.activation``; ``carry``: the
+    Uses ``cfg.hidden``, ``cfg.rnn``, ``cfg.cell``, ``cfg.encoder`` and ``cfg.activation``; ``carry``: the
     ResetRNNs carry their state from one training sequence to the next (stream chunks).
     Returns ``(actor, critic, (actor_rnn, critic_rnn))``."""
     obs_dim = env.observation_spec["observation"].shape[-1]
@@ -35,15 +52,9 @@ def make_agent(cfg, env, *, carry: bool):
 
     def trunk(prefix: str) -> tuple[TensorDictSequential, ResetRNN]:
         in_size = cfg.hidden if cfg.encoder else obs_dim
-        rnn = ResetRNN(
-            {"gru": nn.GRU, "lstm": nn.LSTM}[cfg.cell](in_size, cfg.hidden, batch_first=True),
-            in_key=f"{prefix}_embed",
-            out_key=f"{prefix}_features",
-            state_key=f"{prefix}_state",
-            # at a reset slot inside a training sequence, use the memory stored when acting
-            reset_state_key=f"{prefix}_state",
-            carry=carry,
-        )
+        # at a reset slot inside a training sequence, the memory stored when acting
+        rnn = recurrent_layer(cfg.rnn, cfg.cell, in_size, cfg.hidden, in_key=f"{prefix}_embed",
+                              out_key=f"{prefix}_features", state_key=f"{prefix}_state", carry=carry)
         encoder = TensorDictModule(
             nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()) if cfg.encoder else nn.Identity(),
             in_keys=["observation"], out_keys=[f"{prefix}_embed"],

@@ -110,6 +110,8 @@ class Config(RunConfig):
     """units of the encoder, the recurrent layer and the heads"""
     cell: Literal["gru", "lstm"] = "gru"
     """recurrent layer of the actor and of the critic"""
+    rnn: Literal["resetrnn", "torchrl"] = "resetrnn"
+    """recurrent module: ResetRNN over nn.GRU / nn.LSTM, or TorchRL's GRUModule / LSTMModule inside ResetRNN (TorchRL's keys; the same weights and results)"""
     encoder: bool = True
     """a Linear+Tanh layer before the recurrent layer"""
     activation: Literal["tanh", "relu"] = "tanh"
