@@ -288,3 +288,10 @@ def test_throughput_ratios_follow_from_its_measurements(tmp_path):
         assert printed[ratio] == pytest.approx(figures[ratio], abs=1e-3), ratio  # printed to 3 decimals
     assert figures["frame_us_env"] > 0 and figures["frame_us_update"] > 0
     assert (tmp_path / "breakdown.png").stat().st_size > 1000
+
+
+def test_torchrl_modules_bench_runs_both_recipes_and_prints_its_ratios(tmp_path):
+    out = run_bench("bench_torchrl_modules.py", "--quick", "--out", str(tmp_path))
+    names = [line.split()[1] for line in out.splitlines() if line.startswith("RATIO")]
+    assert names == ["torchrl_module_vs_resetrnn_main_job", "torchrl_module_vs_resetrnn_dqn"]
+    assert (tmp_path / "torchrl_modules.csv").exists()
