@@ -27,14 +27,14 @@ RECIPES = {"main_job": ppo, "dqn": dqn}
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3; 1 with --quick)")
-    parser.add_argument("--frames", type=int, default=None, help="frames per run (default 8192; 1024 with --quick)")
+    parser.add_argument("--frames", type=int, default=None, help="frames per run (default 8192; 2560 with --quick; the DQN learns from 2000 on)")
     parser.add_argument("--quick", action="store_true", help="one short round: the code paths, not a figure")
     parser.add_argument("--out", default="runs/bench_torchrl_modules", help="folder of the CSV")
     args = parser.parse_args(argv)
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    args.frames = args.frames if args.frames is not None else (1024 if args.quick else 8192)
-    if args.rounds < 1 or args.frames < 512:
-        parser.error(f"--rounds must be >= 1 and --frames >= 512, got {args.rounds} and {args.frames}")
+    args.frames = args.frames if args.frames is not None else (2560 if args.quick else 8192)
+    if args.rounds < 1 or args.frames < 2560:
+        parser.error(f"--rounds must be >= 1 and --frames >= 2560 (the DQN learns from 2000 frames on), got {args.rounds} and {args.frames}")
     return args
 
 
