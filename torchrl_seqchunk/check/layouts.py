@@ -179,6 +179,9 @@ class SliceLayout(Layout):
             traj_key=...)``.
         transform (callable, optional): applied to each batch ``[B, burn_in + slice_len]``,
             returning the batch that trains (e.g. ``BurnInTransform(modules, burn_in)``).
+        is_first_key (NestedKey): where the network reads the reset flags; the sampler's
+            ``"is_init"`` are copied there (``"is_first"`` for a ``ResetRNN`` built with its
+            default key and ``reset_state_key``). Default ``"is_init"``.
         seed (int): seeds the buffer's generator. Default ``0``.
 
     Raises:
@@ -192,7 +195,8 @@ class SliceLayout(Layout):
 
     def __init__(self, slice_len: int, *, burn_in: int = 0, slices_per_batch: int = 32,
                  num_batches: int | None = None, cross_episodes: bool = False, sampler=None,
-                 transform: Callable | None = None, seed: int = 0):
+                 transform: Callable | None = None, is_first_key="is_init", seed: int = 0):
+        self.is_first_key = unravel_key(is_first_key)
         self.slice_len = check_int("slice_len", slice_len, low=1)
         self.burn_in = check_int("burn_in", burn_in, low=0)
         self.slices_per_batch = check_int("slices_per_batch", slices_per_batch, low=1)
@@ -217,6 +221,8 @@ class SliceLayout(Layout):
                 raise ValueError(f"SliceSampler could not draw slices of {length} steps (slice_len + burn_in) from "
                                  f"the rollout ({error}); lower slice_len or burn_in, or collect longer episodes.") from None
             batch = batch.reshape(-1, length)
+            if self.is_first_key != "is_init" and batch.get("is_init", None) is not None:
+                batch.set(self.is_first_key, batch.get("is_init").clone())
             if self.transform is not None:
                 batch = self.transform(batch)
             elif self.burn_in:
