@@ -7,8 +7,8 @@ gymnasium id with the library's own pipelines. See ``docs/howto/check.md``.
 """
 from .api import CHECKS, check_recurrence
 from .dqn import DQNStreamLayout
-from .layouts import TRAINED, Layout, SliceLayout, StreamLayout, WindowLayout
+from .layouts import TRAINED, SliceLayout, StreamLayout, TrainingLayout, WindowLayout
 from .report import CheckResult, RecurrenceReport
 
-__all__ = ["CHECKS", "CheckResult", "DQNStreamLayout", "Layout", "RecurrenceReport", "SliceLayout",
-           "StreamLayout", "TRAINED", "WindowLayout", "check_recurrence"]
+__all__ = ["CHECKS", "CheckResult", "DQNStreamLayout", "RecurrenceReport", "SliceLayout", "StreamLayout", "TRAINED",
+           "TrainingLayout", "WindowLayout", "check_recurrence"]

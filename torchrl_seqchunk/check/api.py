@@ -8,7 +8,7 @@ from torchrl.envs import EnvBase
 from .._checks import check_int, check_real
 from ..recurrent.module import ResetRNN
 from . import checks as C
-from .layouts import Layout
+from .layouts import TrainingLayout
 from .leaks import boundaries, colourings, perturbed
 from .network import LOG_PROB, Network, find_memory
 from .passes import make_runner, original_batches, run_pass
@@ -21,9 +21,9 @@ CHECKS = ("step_vs_sequence", "ppo_ratio", "stored_memory", "resets", "done_alig
 """The names of the checks, in the report's order."""
 
 
-def check_recurrence(policy, data, layout: Layout, *, network=None, steps: int | None = None, state_keys=None,
-                     init_key="is_init", ppo_loss=None, checks=None, atol: float = 1e-5, rtol: float = 1e-4,
-                     seed: int = 0) -> RecurrenceReport:
+def check_recurrence(policy, data, layout: TrainingLayout, *, network=None, steps: int | None = None,
+                     state_keys=None, init_key="is_init", ppo_loss=None, checks=None, atol: float = 1e-5,
+                     rtol: float = 1e-4, seed: int = 0, threads: int | None = 1) -> RecurrenceReport:
     """Checks that a recurrent policy trains on the memory it acted with: acting step by step
     against re-running the stored rollout in the training ``layout``.
 
@@ -54,8 +54,8 @@ def check_recurrence(policy, data, layout: Layout, *, network=None, steps: int |
             ``LSTMModule`` / ``GRUModule`` or a custom recurrent module inside).
         data (EnvBase or TensorDictBase): an env with TorchRL's ``InitTracker`` and the
             module's primer (as a collector needs), or a collected rollout ``[E, T]``.
-        layout (Layout): how the pipeline trains (:class:`WindowLayout`, :class:`SliceLayout`,
-            :class:`StreamLayout`, :class:`DQNStreamLayout` or a subclass of :class:`Layout`).
+        layout (TrainingLayout): how the pipeline trains (:class:`WindowLayout`, :class:`SliceLayout`,
+            :class:`StreamLayout`, :class:`DQNStreamLayout` or a subclass of :class:`TrainingLayout`).
 
     Keyword Args:
         network (TensorDictModuleBase, optional): what trains, if not ``policy`` as a whole;
@@ -70,6 +70,8 @@ def check_recurrence(policy, data, layout: Layout, *, network=None, steps: int |
         atol, rtol (float): the tolerance of every comparison (``|a - b| <= atol + rtol * |b|``;
             the ratio's ``|ratio - 1| <= atol + rtol``). Defaults ``1e-5``, ``1e-4``.
         seed (int): seeds the perturbations of the ``resets`` check. Default ``0``.
+        threads (int, optional): torch's intra-op threads during the check, restored after (its
+            many small steps run fastest on one); ``None`` leaves them. Default ``1``.
 
     Returns:
         RecurrenceReport: one :class:`CheckResult` per check (``str`` is a table; ``assert_ok()``
@@ -105,11 +107,22 @@ def check_recurrence(policy, data, layout: Layout, *, network=None, steps: int |
     rtol = check_real("rtol", rtol, low=0.0)
     if atol == 0 and rtol == 0:
         raise ValueError("atol and rtol are both 0: give the comparisons a tolerance (float32 sums differ by order).")
-    if not isinstance(layout, Layout):
-        raise TypeError(f"layout must be a Layout (WindowLayout, SliceLayout, StreamLayout, DQNStreamLayout or a "
-                        f"subclass of Layout), got {type(layout).__name__}.")
+    if not isinstance(layout, TrainingLayout):
+        raise TypeError(f"layout must be a TrainingLayout (WindowLayout, SliceLayout, StreamLayout, DQNStreamLayout "
+                        f"or a subclass of TrainingLayout), got {type(layout).__name__}.")
     seed = check_int("seed", seed, low=0)
-    init_key = unravel_key(init_key)
+    threads = None if threads is None else check_int("threads", threads, low=1)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _checked(policy, data, layout, network, steps, state_keys, unravel_key(init_key), ppo_loss, selected,
+                        C.Tolerance(atol, rtol), seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _checked(policy, data, layout, network, steps, state_keys, init_key, ppo_loss, selected, tol, seed):
     trained_net = policy if network is None else network
     net = Network(trained_net, find_memory(trained_net, state_keys))
     if isinstance(data, EnvBase):
@@ -126,7 +139,6 @@ def check_recurrence(policy, data, layout: Layout, *, network=None, steps: int |
     if missing:
         raise ValueError(f"the rollout holds no stored memory {missing}: act with a step mode that stores it (a "
                          "ResetRNN does; TorchRL's modules through their primer) or pass state_keys= naming it.")
-    tol = C.Tolerance(atol, rtol)
     saved_carries = {m: m.carried_state for m in trained_net.modules() if isinstance(m, ResetRNN)}
     saved_layout = layout.save()
     try:
@@ -172,7 +184,7 @@ def _run(net, td, episodes, layout, tol, init_key, ppo_loss, selected, seed) -> 
     if "carry" in selected:
         results["carry"] = _carry(net, layout, batches, base, run, out_keys, episodes, tol)
     rows, steps = td.shape
-    summary = (f"{rows} envs x {steps} steps, {layout.describe()}: {int(base.trained.sum())} slots trained "
+    summary = (f"{rows} env{'s' if rows != 1 else ''} x {steps} steps, {layout.describe()}: {int(base.trained.sum())} slots trained "
                f"in {len(batches)} batches")
     return RecurrenceReport([results[name] for name in CHECKS if name in results], summary)
 

@@ -93,8 +93,8 @@ def ppo_ratio(slots, episodes, truncated, tol: Tolerance) -> CheckResult:
     """``exp(log pi_train(a) - stored log-prob) == 1`` at every trained slot (before any update)."""
     name = "ppo_ratio"
     if slots.log_ratio is None:
-        return CheckResult(name, SKIP, note="no log-probability: the network holds no distribution, or the rollout "
-                                            "no stored log-probability (pass ppo_loss=)")
+        return CheckResult(name, SKIP, note="no distribution in the network, or no stored log-probability "
+                                            "(pass ppo_loss=)")
     error = slots.log_ratio.double().expm1().abs().nan_to_num(nan=float("inf"))
     fail = slots.trained & (error > tol.atol + tol.rtol)
     worst = _worst(fail, error, slots.trained)

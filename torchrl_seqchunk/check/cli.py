@@ -148,7 +148,8 @@ def main(argv=None) -> int:
         print(f"python -m torchrl_seqchunk.check: error: {error}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    report = check_recurrence(Seq(actor, critic), env, layout_of(args), steps=args.steps, seed=args.seed)
+    report = check_recurrence(Seq(actor, critic), env, layout_of(args), steps=args.steps, seed=args.seed,
+                              threads=args.threads)
     seconds = time.perf_counter() - start
     env.close()
     print(report)

@@ -12,7 +12,7 @@ in. Three come with the library, one per way of training a recurrent policy:
   carrying its state from a chunk to the next (and a second pass over each chunk, as a loss's
   target or next-value pass, that must leave the carry alone).
 
-A pipeline of one's own is a subclass of :class:`Layout`: ``batches`` yields the training
+A pipeline of one's own is a subclass of :class:`TrainingLayout`: ``batches`` yields the training
 batches ``[N, L]`` in training order, built by indexing the rollout it is given (so that the
 entries under ``"_check"``, each step's origin, travel with the steps), and ``train`` runs the
 training pass over one of them.
@@ -38,7 +38,7 @@ from ..recurrent.module import ResetRNN
 from ..streams.sampler import StreamChunkSampler
 from .reference import ENV, EPISODE
 
-__all__ = ["Layout", "WindowLayout", "SliceLayout", "StreamLayout", "TRAINED"]
+__all__ = ["TrainingLayout", "WindowLayout", "SliceLayout", "StreamLayout", "TRAINED"]
 
 TRAINED = ("_check", "trained")
 """bool ``[N, L]`` (or ``[N, L, 1]``), optional in a batch: the slots that train (the others are
@@ -57,7 +57,7 @@ def _quiet():
         logger.setLevel(level)
 
 
-class Layout:
+class TrainingLayout:
     """Base class: how a pipeline trains on a rollout (see the module docstring).
 
     Subclasses define :meth:`batches`; :meth:`train` defaults to one pass of the network in
@@ -67,7 +67,7 @@ class Layout:
 
     Examples:
         >>> import torch
-        >>> class EveryRow(Layout):  # each rollout row as one training sequence
+        >>> class EveryRow(TrainingLayout):  # each rollout row as one training sequence
         ...     def batches(self, rollout, memory_keys):
         ...         batch = rollout.clone(False)
         ...         batch["is_first"] = torch.zeros(*batch.shape, 1, dtype=torch.bool)
@@ -106,7 +106,7 @@ class Layout:
         """Puts back what :meth:`save` returned."""
 
 
-class WindowLayout(Layout):
+class WindowLayout(TrainingLayout):
     """Windows of :func:`~torchrl_seqchunk.make_windows`, as :class:`~torchrl_seqchunk.RecurrentPPOLoss` trains.
 
     Every window starts from the memory stored at its first step; a slot whose previous step
@@ -153,7 +153,7 @@ class WindowLayout(Layout):
         return f"windows of {self.window}, stride {self.stride}, {self.boundary_mode}"
 
 
-class SliceLayout(Layout):
+class SliceLayout(TrainingLayout):
     """Slices drawn by TorchRL's ``SliceSampler``, each from the memory stored at its first step.
 
     The rollout goes into a ``TensorDictReplayBuffer`` (one flat storage); each batch is
@@ -237,7 +237,7 @@ class SliceLayout(Layout):
         return f"slices of {self.slice_len}{burn}, {where}"
 
 
-class StreamLayout(Layout):
+class StreamLayout(TrainingLayout):
     """:class:`~torchrl_seqchunk.StreamChunkSampler` chunks ``[B, T]``, the network carrying its state.
 
     The rollout's episodes are dealt once each (``replacement=False``) into ``num_streams``

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.modules import set_recurrent_mode
 
-from .layouts import TRAINED, Layout
+from .layouts import TRAINED, TrainingLayout
 from .network import LOG_PROB, Network
 from .reference import ENV, EPISODE, STEP
 
@@ -69,8 +69,8 @@ def make_runner(net: Network, ppo_loss=None):
     return run
 
 
-def original_batches(layout: Layout, network, rollout: TensorDictBase, memory_keys: list) -> list:
-    """The layout's batches for ``rollout`` (after :meth:`Layout.start`), checked for shape and origin."""
+def original_batches(layout: TrainingLayout, network, rollout: TensorDictBase, memory_keys: list) -> list:
+    """The layout's batches for ``rollout`` (after :meth:`TrainingLayout.start`), checked for shape and origin."""
     layout.start(network)
     batches = list(layout.batches(rollout, memory_keys))
     if not batches:
@@ -85,7 +85,7 @@ def original_batches(layout: Layout, network, rollout: TensorDictBase, memory_ke
     return batches
 
 
-def run_pass(layout: Layout, net: Network, batches: list, run, out_keys: list) -> Slots:
+def run_pass(layout: TrainingLayout, net: Network, batches: list, run, out_keys: list) -> Slots:
     """The layout's training pass over ``batches`` (each through a copy without the outputs, so that
     a pass writing none leaves none), gathered as :class:`Slots`."""
     layout.start(net.module)
