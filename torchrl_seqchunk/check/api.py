@@ -184,7 +184,8 @@ def _run(net, td, episodes, layout, tol, init_key, ppo_loss, selected, seed) -> 
     if "carry" in selected:
         results["carry"] = _carry(net, layout, batches, base, run, out_keys, episodes, tol)
     rows, steps = td.shape
-    summary = (f"{rows} env{'s' if rows != 1 else ''} x {steps} steps, {layout.describe()}: {int(base.trained.sum())} slots trained "
+    envs = f"{rows} env{'s' if rows != 1 else ''}"
+    summary = (f"{envs} x {steps} steps, {layout.describe()}: {int(base.trained.sum())} slots trained "
                f"in {len(batches)} batches")
     return RecurrenceReport([results[name] for name in CHECKS if name in results], summary)
 

@@ -159,8 +159,8 @@ def done_alignment(slots, episodes, reading) -> tuple[CheckResult, torch.Tensor,
     checked = int((slots.trained & ((last & ~start) | episodes.init[slots.env, slots.t])).sum())
     fail = early | late_start
     if not bool(fail.any()):
-        return CheckResult(name, PASS, checked, None, None,
-                           "resets at the acting pass's episode starts (last steps and first steps compared)"), early, late
+        note = "resets at the acting pass's episode starts (last steps and first steps compared)"
+        return CheckResult(name, PASS, checked, None, None, note), early, late
     parts = []
     if bool(early.any()):
         parts.append(f"{int(early.sum())} episode ends reset at their own step, one step early (a post-step "

@@ -62,7 +62,10 @@ def build(env_id: str, *, num_envs: int = 8, keep=None, max_episode_steps: int |
     spec = base.full_action_spec_unbatched["action"]
     actor_trunk, actor_rnn = trunk("actor", obs_dim, cell=cell, hidden=hidden, module=module, carry=carry)
     critic_trunk, critic_rnn = trunk("critic", obs_dim, cell=cell, hidden=hidden, module=module, carry=carry)
-    mlp = lambda out: MLP(in_features=hidden, out_features=out, num_cells=[hidden], activation_class=nn.Tanh)  # noqa: E731
+
+    def mlp(out: int) -> MLP:
+        return MLP(in_features=hidden, out_features=out, num_cells=[hidden], activation_class=nn.Tanh)
+
     if spec.domain == "discrete" and len(spec.shape) == 1:
         head = Mod(mlp(spec.shape[-1]), ["actor_features"], ["logits"])
         dist = dict(in_keys=["logits"], distribution_class=OneHotCategorical)
@@ -104,7 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=125, help="steps per env (8 x 125 = 1,000)")
-    parser.add_argument("--keep", default="auto", help="observation indices kept: 'auto' (CartPole: 0,2), 'all' or '0,2'")
+    parser.add_argument("--keep", default="auto",
+                        help="observation indices kept: 'auto' (CartPole: 0,2), 'all' or '0,2'")
     parser.add_argument("--max-episode-steps", type=int, default=None)
     parser.add_argument("--window", type=int, default=8, help="window or slice length")
     parser.add_argument("--burn-in", type=int, default=0, help="slices: steps unrolled before each slice")

@@ -218,8 +218,9 @@ class SliceLayout(TrainingLayout):
             try:
                 batch = buffer.sample()
             except RuntimeError as error:
-                raise ValueError(f"SliceSampler could not draw slices of {length} steps (slice_len + burn_in) from "
-                                 f"the rollout ({error}); lower slice_len or burn_in, or collect longer episodes.") from None
+                raise ValueError(
+                    f"SliceSampler could not draw slices of {length} steps (slice_len + burn_in) from the rollout "
+                    f"({error}); lower slice_len or burn_in, or collect longer episodes.") from None
             batch = batch.reshape(-1, length)
             if self.is_first_key != "is_init" and batch.get("is_init", None) is not None:
                 batch.set(self.is_first_key, batch.get("is_init").clone())
