@@ -76,7 +76,8 @@ def ppo_windows(boundary_mode):
     return Seq(actor, critic), env, WindowLayout(8, boundary_mode=boundary_mode), {"ppo_loss": loss}
 
 
-def ppo_streams():
+def ppo_streams(second_pass=None):
+    """ClipPPOLoss on chunks with the carry; its own passes (or ``second_pass``) after the carrying one."""
     actor, critic, env = ppo_agent(nn.LSTM, carry=True)
     loss = ClipPPOLoss(actor, critic)
 
@@ -84,7 +85,8 @@ def ppo_streams():
         chunk["advantage"] = chunk["value_target"] = torch.zeros(*chunk.shape, 1)
         loss(chunk)
 
-    return Seq(actor, critic), env, StreamLayout(3, 16, second_pass=update), {"ppo_loss": loss}
+    layout = StreamLayout(3, 16, second_pass=second_pass or update)
+    return Seq(actor, critic), env, layout, {"ppo_loss": loss}
 
 
 # -- the library's recurrent DQN recipe --------------------------------------------------------------
@@ -147,6 +149,7 @@ CORRECT = {
     "windows_mask": lambda: ppo_windows("mask"),
     "windows_inverse_count": lambda: ppo_windows("inverse_count"),
     "streams_carry_clippo": ppo_streams,
+    "streams_carry_next_view": lambda: ppo_streams(second_pass="next"),
     "dqn_recipe_streams": dqn_streams,
     "streams_carry_torchrl_dqnloss": dqn_streams_torchrl_loss,
     "torchrl_lstm_slices": lstm_slices,

@@ -86,9 +86,10 @@ class TrainingLayout:
         batches every call (seed any sampler)."""
         raise NotImplementedError
 
-    def train(self, run: Callable[[TensorDictBase], TensorDictBase], batch: TensorDictBase) -> None:
+    def train(self, run: Callable[..., TensorDictBase], batch: TensorDictBase) -> None:
         """The training pass over ``batch`` (a copy to write into): ``run(batch)`` runs the network
-        in sequence mode and writes its outputs there; the outputs read are those in ``batch`` after."""
+        in sequence mode and writes its outputs there; the outputs read are those in ``batch`` after
+        (``run(other, main=False)``: a further pass over another TensorDict, a loss's second pass)."""
         run(batch)
 
     def start(self, network) -> None:
@@ -307,9 +308,9 @@ class StreamLayout(TrainingLayout):
     def train(self, run, batch) -> None:
         run(batch)
         if self.second_pass == "repeat":
-            run(batch.clone(False))
+            run(batch.clone(False), main=False)
         elif self.second_pass == "next":
-            run(step_mdp(batch, keep_other=True))
+            run(step_mdp(batch, keep_other=True), main=False)
         elif self.second_pass is not None:
             self.second_pass(batch.clone(False))
 

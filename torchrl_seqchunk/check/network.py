@@ -3,7 +3,8 @@
 A pass walks the network as TorchRL's losses run it: a probabilistic actor builds its
 distribution (``get_dist``, no sample drawn), every other module runs, exploration modules
 (which change actions, not values) are skipped. The log-probability of the stored action
-under that distribution is written under :data:`LOG_PROB`.
+under that distribution is written under :data:`LOG_PROB` (not for a composite distribution,
+whose heads the outputs they are built from are compared by).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase, unravel_key
-from tensordict.nn import (ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, TensorDictModuleBase,
+from tensordict.nn import (CompositeDistribution, ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, TensorDictModuleBase,
                            TensorDictSequential)
 from torch import nn
 from torchrl.modules import (AdditiveGaussianModule, EGreedyModule, GRUModule, LSTMModule,
@@ -109,7 +110,7 @@ class Network:
         dists = []
         with torch.no_grad(), set_recurrent_mode(sequence):
             _walk(self.module, td, dists)
-        if dists and action is not None:
+        if dists and action is not None and not isinstance(dists[0], CompositeDistribution):
             log_prob = dists[0].log_prob(action)
             td.set(LOG_PROB, log_prob.reshape(td.shape) if log_prob.numel() == td.numel() else log_prob)
         return td

@@ -48,13 +48,20 @@ class Slots:
 
 
 def make_runner(net: Network, ppo_loss=None):
-    """``run(batch)``: the network in sequence mode over ``batch``; with ``ppo_loss`` also the loss's
-    actor (its parameters, its keys) writing :data:`RATIO_LOG`, else the pass's own log-probability
-    against the stored one."""
-    def run(batch: TensorDictBase) -> TensorDictBase:
+    """``run(batch, main=True)``: the network in sequence mode over ``batch``; in the main pass with
+    ``ppo_loss`` also the loss's actor (its parameters, its keys) writing :data:`RATIO_LOG`, else the
+    pass's own log-probability against the stored one (``main=False``: a further pass, no ratio)."""
+
+    def run(batch: TensorDictBase, main: bool = True) -> TensorDictBase:
         net.run(batch, sequence=True)
+        if not main:
+            return batch
         if ppo_loss is not None:
             keys = ppo_loss.tensor_keys
+            if batch.get(keys.sample_log_prob, None) is None:
+                raise ValueError(f"ppo_loss reads the stored log-probability {keys.sample_log_prob!r}, which the "
+                                 "rollout lacks: act with return_log_prob=True, or set_keys(sample_log_prob=...) "
+                                 "on the loss to name the key the actor writes.")
             with torch.no_grad(), set_recurrent_mode(True), \
                     ppo_loss.actor_network_params.to_module(ppo_loss.actor_network):
                 dist = ppo_loss.actor_network.get_dist(batch)

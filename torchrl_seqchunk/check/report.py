@@ -22,6 +22,11 @@ class CheckResult:
         difference (float, optional): the largest absolute difference the check measured (over
             the failing slots where it failed, else over all); ``None`` where it compared nothing.
         note (str): what was compared, or what failed and its likely cause.
+
+    Examples:
+        >>> result = CheckResult("stored_memory", "FAIL", 1000, (2, 17), 0.25, "stored after the step")
+        >>> result.failed, result.first
+        (True, (2, 17))
     """
 
     name: str
