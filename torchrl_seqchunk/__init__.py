@@ -39,6 +39,14 @@ _EXPORTS = {
     "EvenEpochs": "distributed.epochs",
     "save_checkpoint": "distributed.checkpoint",
     "load_checkpoint": "distributed.checkpoint",
+    "check_recurrence": "check.api",
+    "RecurrenceReport": "check.report",
+    "CheckResult": "check.report",
+    "TrainingLayout": "check.layouts",
+    "WindowLayout": "check.layouts",
+    "SliceLayout": "check.layouts",
+    "StreamLayout": "check.layouts",
+    "DQNStreamLayout": "check.dqn",
 }
 
 __all__ = sorted(_EXPORTS)
