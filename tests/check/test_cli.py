@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ["--layout", "mask", "--cell", "lstm"],
     ["--layout", "streams"],
     ["--module", "torchrl", "--layout", "slices", "--burn-in", "2"],
+    ["--module", "torchrl", "--layout", "streams", "--cell", "lstm"],  # LSTMModule inside ResetRNN: the carry
 ])
 def test_the_command_line_checks_the_librarys_pipelines(argv, capsys):
     assert main(["CartPole-v1", "--num-envs", "2", "--steps", "48", "--max-episode-steps", "20", *argv]) == 0
@@ -36,7 +37,6 @@ def test_the_module_runs_and_a_continuous_task_passes():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--module", "torchrl", "--layout", "streams"], "TorchRL's GRUModule / LSTMModule keep none"),
     (["--window", "50", "--steps", "40"], "--window 50 is longer than --steps 40"),
     (["--burn-in", "2"], "--burn-in applies to --layout slices only"),
     (["--num-envs", "0"], "--num-envs must be >= 1"),

@@ -42,8 +42,11 @@ def trunk(prefix: str, obs_dim: int, *, cell: str, hidden: int, module: str, car
     if module == "torchrl":
         kind = {"gru": GRUModule, "lstm": LSTMModule}[cell]
         names = {"gru": ["recurrent_state"], "lstm": ["recurrent_state_h", "recurrent_state_c"]}[cell]
-        recurrent = kind(input_size=hidden, hidden_size=hidden, in_keys=[embed, *(f"{prefix}_{n}" for n in names)],
-                         out_keys=[features, *(("next", f"{prefix}_{n}") for n in names)])
+        keys = [f"{prefix}_{n}" for n in names]
+        recurrent = kind(input_size=hidden, hidden_size=hidden, in_keys=[embed, *keys],
+                         out_keys=[features, *(("next", k) for k in keys)])
+        if carry:  # stream chunks: the module inside ResetRNN, which carries its state
+            recurrent = ResetRNN(recurrent, reset_state_key=keys, carry=True)
     else:
         rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[cell](hidden, hidden, batch_first=True)
         # windows and stream chunks restart from the stored memory at their reset slots
@@ -102,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--layout", choices=LAYOUTS, default="windows",
                         help="windows (reset_continue), mask, inverse_count, streams (carry) or slices")
     parser.add_argument("--module", choices=("resetrnn", "torchrl"), default="resetrnn",
-                        help="ResetRNN, or TorchRL's GRUModule / LSTMModule")
+                        help="ResetRNN, or TorchRL's GRUModule / LSTMModule (inside ResetRNN on --layout streams)")
     parser.add_argument("--cell", choices=("gru", "lstm"), default="gru")
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--num-envs", type=int, default=8)
@@ -124,9 +127,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--burn-in and --seed must be >= 0")
     if args.window > args.steps:
         parser.error(f"--window {args.window} is longer than --steps {args.steps}")
-    if args.module == "torchrl" and args.layout == "streams":
-        parser.error("--layout streams needs a carried state: TorchRL's GRUModule / LSTMModule keep none; use "
-                     "--module resetrnn, or --layout windows / slices")
     if args.burn_in and args.layout != "slices":
         parser.error("--burn-in applies to --layout slices only")
     return args

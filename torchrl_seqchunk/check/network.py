@@ -47,9 +47,12 @@ def find_memory(network: nn.Module, state_keys=None) -> list[Memory]:
             raise ValueError("state_keys is empty; name the root keys where the policy stores its memory.")
         return [Memory([unravel_key(k) for k in keys], False)]
     found = []
+    wrapped = {id(m.rnn) for m in network.modules() if isinstance(m, ResetRNN)}  # ResetRNN(lstm_module)
     for module in network.modules():
         if isinstance(module, ResetRNN):
             found.append(Memory(list(module.state_keys), True, module))
+        elif id(module) in wrapped:
+            continue
         elif isinstance(module, LSTMModule):
             found.append(Memory([unravel_key(k) for k in module.in_keys[1:3]], False, module))
         elif isinstance(module, GRUModule):
