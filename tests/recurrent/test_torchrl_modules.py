@@ -301,3 +301,41 @@ def test_boundaries_read_is_init_where_is_first_is_absent(where):
     with_init = run(base.clone().set("is_init", flags))
     torch.testing.assert_close(with_init, with_first)
     assert not torch.equal(run(base.clone()), with_first)  # the flag matters here
+
+
+def test_the_modules_own_mode_backend_limits_and_keys_are_kept():
+    """Found by an attack: each was silent or a foreign error before."""
+    module = LSTMModule(input_size=F, hidden_size=H, in_key="obs", out_key="feat", default_recurrent_mode=True)
+    assert ResetRNN(module).default_recurrent_mode is True  # the module's own mode
+    python_based = torchrl_module("lstm", python_based=True)
+    with pytest.raises(ValueError, match="pass backend='torchrl'"):
+        ResetRNN(python_based, backend="loop")
+    with pytest.raises(ValueError, match="python_based=False"):
+        ResetRNN(LSTMModule(input_size=F, hidden_size=H, proj_size=2, python_based=True, in_key="obs", out_key="feat"))
+    custom = GRUModule(input_size=F, hidden_size=H, in_keys=["obs", "h", "is_init"], out_keys=["feat", "h_out"])
+    with set_recurrent_mode(False):
+        step = ResetRNN(custom)(TensorDict({"obs": torch.randn(2, F), "is_init": torch.ones(2, 1, dtype=torch.bool)}, [2]))
+    assert "h_out" in step.keys()  # the module's own out key for the next state
+
+
+def test_proj_size_steps_and_a_bad_stored_state_is_named():
+    module = LSTMModule(input_size=F, hidden_size=H, proj_size=3, in_key="obs", out_key="feat")
+    step = TensorDict({"obs": torch.randn(2, F), "is_init": torch.tensor([[True], [False]]),
+                       "recurrent_state_h": torch.randn(2, 1, 3), "recurrent_state_c": torch.randn(2, 1, H)}, [2])
+    with set_recurrent_mode(False):
+        torchrl_pick, ours = ResetRNN(module, backend="torchrl")(step.clone()), ResetRNN(module)(step.clone())
+    torch.testing.assert_close(torchrl_pick["feat"], ours["feat"])
+    rnn = ResetRNN(torchrl_module("gru"), backend="torchrl", reset_state_key="recurrent_state", default_recurrent_mode=True)
+    bad = TensorDict({"obs": torch.randn(2, 4, F), "is_first": torch.ones(2, 4, 1, dtype=torch.bool),
+                      "recurrent_state": torch.zeros(2, 4, H)}, [2, 4])  # no layer dim
+    with pytest.raises(ValueError, match="reset_state entries must be"):
+        rnn(bad)
+
+
+def test_windows_reset_where_either_stored_flag_starts_an_episode():
+    done = torch.zeros(1, 6, 1, dtype=torch.bool)
+    is_first, is_init = torch.zeros_like(done), torch.zeros_like(done)
+    is_first[0, 2], is_init[0, 4] = True, True
+    rollout = TensorDict({"recurrent_state": torch.zeros(1, 6, 2), "is_first": is_first, "is_init": is_init,
+                          ("next", "done"): done}, [1, 6])
+    assert make_windows(rollout, 6)["is_first"].squeeze(-1).tolist() == [[True, False, True, False, True, False]]

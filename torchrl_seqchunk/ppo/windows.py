@@ -66,9 +66,9 @@ def make_windows(
             tuples, like a list, is several keys. Defaults to ``"recurrent_state"``.
         is_first_key (NestedKey): episode-start flag of the rollout, overwritten
             with the per-slot reset flag. Defaults to ``"is_first"``.
-        init_key (NestedKey, optional): TorchRL's episode-start flag, read where the
-            rollout holds no ``is_first_key`` and overwritten with the per-slot reset flag
-            too; ``None``: neither. Defaults to ``"is_init"``.
+        init_key (NestedKey, optional): TorchRL's episode-start flag, read beside
+            ``is_first_key`` (a step either marks starts an episode) and overwritten with the
+            per-slot reset flag too; ``None``: neither. Defaults to ``"is_init"``.
         done_key, terminated_key, truncated_key (NestedKey): episode-end flags;
             ``terminated_key`` and ``truncated_key`` are used when present. Every
             flag, ``is_first_key`` included, must be bool ``[num_envs, T, 1]``.
@@ -157,7 +157,8 @@ def make_windows(
         flags[arg] = flag
     is_first = flags.pop("is_first_key", None)
     stored_init = flags.pop("init_key", None)
-    is_first = stored_init if is_first is None else is_first
+    if stored_init is not None:  # an episode start either flag marks
+        is_first = stored_init if is_first is None else is_first | stored_init
     ended = torch.stack(list(flags.values())).any(0)
 
     # reset[e, t]: step t begins an episode (its predecessor ended, or the rollout says so)

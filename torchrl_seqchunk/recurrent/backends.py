@@ -316,6 +316,27 @@ def _check_inputs(rnn: nn.Module, x, h0: tuple, reset_state) -> None:
                 )
 
 
+def _expanded_reset_state(reset_state, layout: _Layout, batch: int, time: int):
+    """``reset_state`` (``None`` or entries ``[*S]`` / ``[B or 1, T or 1, *S]``) expanded to
+    ``[B, T, *S]`` per entry; a ValueError naming the shapes for anything else."""
+    if reset_state is None:
+        return None
+    # [*S] or [B or 1, T or 1, *S]: a [B, *S] entry would broadcast along T where B == T
+    given = [list(v.shape) for v in reset_state]
+    fits = all(v.dim() in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes))
+    try:
+        reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes))
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"reset_state entries must be [*S] or broadcast from [B or 1, T or 1, *S] to [B, T, *S] = "
+            f"{[[batch, time, *shape] for shape in layout.shapes]}, got {given}; give a per-row state as "
+            "state.unsqueeze(1) ([B, 1, *S])."
+        )
+    return reset_state
+
+
 def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
     """:func:`rnn_with_resets` on flat states: checks entry shapes, runs the backend.
 
@@ -334,20 +355,7 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
                 f"h0 entries must have shape {[batch, *shape]}, got {list(h.shape)}; "
                 "states are batch first (see the module docstring)."
             )
-    if reset_state is not None:
-        # [*S] or [B or 1, T or 1, *S]: a [B, *S] entry would broadcast along T where B == T
-        given = [list(v.shape) for v in reset_state]
-        fits = all(v.dim() in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes))
-        try:
-            reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes))
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(
-                f"reset_state entries must be [*S] or broadcast from [B or 1, T or 1, *S] to [B, T, *S] = "
-                f"{[[batch, time, *shape] for shape in layout.shapes]}, got {given}; give a per-row state as "
-                "state.unsqueeze(1) ([B, 1, *S])."
-            )
+    reset_state = _expanded_reset_state(reset_state, layout, batch, time)
     _check_inputs(rnn, x, h0, reset_state)
     if backend == "auto":
         backend = _pick_backend(rnn, x.device, reset)

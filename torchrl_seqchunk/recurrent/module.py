@@ -13,7 +13,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.modules import recurrent_mode
 
-from .backends import _BACKEND_NAMES, _unroll
+from .backends import _BACKEND_NAMES, _expanded_reset_state, _unroll
 from .carry import carry_as_tensordict, carry_from_tensordict, mark_chunk, start_key, view_start
 from .state import _reset_mask, _state_layout
 from .step import state_entries, step_flags, step_once, step_state
@@ -49,7 +49,10 @@ class ResetRNN(TensorDictModuleBase):
         and ``("next", is_first_key) |= is_first``. A later pass over the chunk, its rows or
         its ``step_mdp`` view (a target or next-value pass, as in TorchRL's ``DQNLoss``)
         starts from that state, resets where the chunk's episodes start and leaves the carry
-        alone; one over a time slice (``chunk[:, k:]``) is refused with a ValueError. :attr:`carried_state` takes and restores the carry
+        alone; one over a time slice (``chunk[:, k:]``) is refused with a ValueError. The first
+        pass must be over the chunk itself (a loss's online pass): run first over the ``step_mdp``
+        view, the module would carry the state after the next observations, and nothing in the
+        view tells it apart from a chunk. :attr:`carried_state` takes and restores the carry
         (``docs/howto/reset-rnn.md``).
 
     Args:
@@ -94,7 +97,8 @@ class ResetRNN(TensorDictModuleBase):
             ``recurrent_backend``. For a TorchRL module ``"auto"`` picks ours on its
             ``nn.LSTM`` / ``nn.GRU`` where the module's is TorchRL's default (``"pad"`` or
             ``"auto"``: the same results, faster), and ``"torchrl"`` where it chose
-            ``"scan"`` / ``"triton"`` or holds TorchRL's python-based layer. Default ``"auto"``.
+            ``"scan"`` / ``"triton"`` or holds TorchRL's python-based layer (our backends
+            refuse that layer). Default ``"auto"``.
         carry (bool): keep each row's final state between sequence-mode calls
             (part of ``state_dict``). Default ``True``.
         state_shape (shape, tuple of shapes or dict of shapes, optional): one
@@ -104,7 +108,8 @@ class ResetRNN(TensorDictModuleBase):
             NestedKey) for a TensorDict state.
         default_recurrent_mode (bool, optional): ``True`` sequence mode, ``False`` step
             mode, ``None`` chosen by the input's batch dims (see above); TorchRL's
-            ``set_recurrent_mode`` context overrides it. Default ``None``.
+            ``set_recurrent_mode`` context overrides it. Default ``None`` (a TorchRL module's
+            own ``default_recurrent_mode``).
 
     Raises:
         TypeError / ValueError: at construction, an unsupported ``rnn`` or option; at
@@ -204,6 +209,10 @@ class ResetRNN(TensorDictModuleBase):
                 "pass the TorchRL module as rnn, or pick one of " + str(_BACKEND_NAMES) + ".")
         if self._adopted is not None and backend == "auto":
             backend = adopted_backend(rnn, self._adopted)
+        elif self._adopted is not None and backend != "torchrl" and type(self._adopted.kernel) not in (nn.LSTM, nn.GRU):
+            raise ValueError(
+                f"backend={backend!r} runs a torch nn.LSTM / nn.GRU; this {type(rnn).__name__} holds TorchRL's "
+                "python-based layer: pass backend='torchrl' (or 'auto', which picks it).")
         if not (default_recurrent_mode is None or isinstance(default_recurrent_mode, bool)):
             raise TypeError(
                 f"default_recurrent_mode must be True (sequence mode), False (step mode) or None "
@@ -226,7 +235,9 @@ class ResetRNN(TensorDictModuleBase):
         ))
         output_names = names if layout.kind == "tensordict" else None
         self._output_keys = self._entry_keys(out_key, output_names)
-        self._next_keys = [unravel_key(("next", k)) for k in self.state_keys]
+        self._next_keys = ([unravel_key(k) for k in self._adopted.next_keys]
+                           if self._adopted is not None and state_key == self._adopted.state_keys
+                           else [unravel_key(("next", k)) for k in self.state_keys])
         flat = isinstance(state_key, list)  # one key per entry (TorchRL's recurrent_state_h / _c)
         self.start_keys = ([start_key(k) for k in self.state_keys] if flat
                            else self._entry_keys(start_key(state_key), names, "state_key"))
@@ -238,6 +249,8 @@ class ResetRNN(TensorDictModuleBase):
             *marks, *(unravel_key(("next", k)) for k in marks),
             unravel_key(("next", self.is_first_key)),
         ]
+        if default_recurrent_mode is None and self._adopted is not None:  # the TorchRL module's own
+            default_recurrent_mode = rnn._recurrent_mode
         self.default_recurrent_mode = default_recurrent_mode
         self._ran_sequence = False  # mode of the latest call, for an inferred mode
         self._warned_inferred = False
@@ -441,8 +454,7 @@ class ResetRNN(TensorDictModuleBase):
         else:
             reset_state = None if self.initial is None else tuple(self.initial)
         if self.backend == "torchrl":
-            if reset_state is not None:  # [B, T, *S] per entry, as _unroll expands it
-                reset_state = tuple(v.expand(batch, shape[-1], *s) for v, s in zip(reset_state, self.state_shapes))
+            reset_state = _expanded_reset_state(reset_state, self._layout, batch, shape[-1])
             y, h_last = torchrl_unroll(self.rnn, self._adopted, x, reset, h0, reset_state)
         else:
             kernel = self.rnn if self._adopted is None else self._adopted.kernel
@@ -494,8 +506,9 @@ class ResetRNN(TensorDictModuleBase):
         return y, used, new
 
     def _step_once(self, x: torch.Tensor, state: tuple) -> tuple:
-        if self.backend == "torchrl":  # TorchRL's own step mode
-            return torchrl_step(self.rnn, self._adopted, x, state)
+        if self.backend == "torchrl" and not getattr(self._adopted.kernel, "proj_size", 0):
+            return torchrl_step(self.rnn, self._adopted, x, state)  # TorchRL's own step mode
+        # (TorchRL's step mode zero-fills c with h's shape, which fails under proj_size: ours steps it)
         return step_once(self.rnn if self._adopted is None else self._adopted.kernel, self._layout, x, state)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:

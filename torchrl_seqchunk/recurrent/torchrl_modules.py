@@ -59,6 +59,10 @@ def adopt(module) -> Adopted:
             "chunks; build it with bidirectional=False."
         )
     layers, hidden = kernel.num_layers, kernel.hidden_size
+    if lstm and getattr(kernel, "proj_size", 0) and type(kernel) is not nn.LSTM:
+        raise ValueError(
+            "TorchRL's python-based LSTM with proj_size fails inside TorchRL's own forward; build the "
+            "LSTMModule with python_based=False.")
     if lstm:
         out = getattr(kernel, "proj_size", 0) or hidden
         layout = _Layout([torch.Size([layers, out]), torch.Size([layers, hidden])], "tuple", ["h", "c"])
