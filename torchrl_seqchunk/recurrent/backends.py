@@ -267,7 +267,7 @@ _FUSED_GRU_MAX_WIDTH = 4096
 
 
 def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> str:
-    if hasattr(rnn, "linear_coefficients"):
+    if not isinstance(rnn, (nn.GRU, nn.LSTM)) and hasattr(rnn, "linear_coefficients"):
         return "scan"
     if _under_func_transform():
         return "loop"
@@ -339,7 +339,8 @@ def _unroll(rnn, x, reset, h0, reset_state, layout: _Layout, backend: str):
         given = [list(v.shape) for v in reset_state]
         fits = all(v.dim() in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes))
         try:
-            reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes))
+            reset_state = tuple(v if v.shape == (batch, time, *shape) else v.expand(batch, time, *shape)
+                                for v, shape in zip(reset_state, layout.shapes))
         except RuntimeError:
             fits = False
         if not fits:
