@@ -287,8 +287,10 @@ class ResetRNN(TensorDictModuleBase):
     def _dtype(self) -> torch.dtype:
         """The rnn's current parameter dtype (it follows ``module.double()`` and such); its own
         first parameter where it has one (no walk over submodules: step mode reads it every step)."""
-        own = next((p for p in self.rnn._parameters.values() if p is not None), None)
-        return (own if own is not None else next(self.rnn.parameters(), torch.empty(0))).dtype
+        for own in self.rnn._parameters.values():
+            if own is not None:
+                return own.dtype
+        return next(self.rnn.parameters(), torch.empty(0)).dtype
 
     def _get(self, tensordict, key, option: str) -> torch.Tensor:
         try:
