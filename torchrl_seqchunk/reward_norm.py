@@ -32,7 +32,8 @@ def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, v
     n = values.shape[0]
     if not n:
         return
-    batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
+    batch_var, batch_mean = torch.var_mean((values.detach() if values.requires_grad else values).to(mean.dtype), 0,
+                                           correction=0)
     spread = batch_var if batch_var.dim() == 0 else batch_var.sum()
     if not math.isfinite(spread.item()):  # a NaN, an infinity or an overflow makes it non-finite (the one read)
         bad = int((~torch.isfinite(values)).sum())
