@@ -30,7 +30,13 @@ the plain compute: each group in ``--rounds`` interleaved rounds, each figure's 
   actions: ``make_vector_env`` over ``SerialEnv`` of ``make_masked_env``, and over raw
   gymnasium;
 - ``popgym_fast_vs_serial_<Env>``: the main job's frames/s on each POPGym task of
-  ``bench_memory.py`` (``--popgym``), vector env over ``SerialEnv``, both figures printed.
+  ``bench_memory.py`` (``--popgym``), vector env over ``SerialEnv``, both figures printed;
+- against the plain-PyTorch versions of ``plain_reference.py`` (the limit on the same kernels;
+  each the median of per-round ratios, the two sides in turn): ``main_job_vs_plain_reference``
+  (end-to-end frames/s over the plain job's, ``--rounds`` runs of ``--frames`` each),
+  ``update_vs_plain_update`` and ``collect_vs_plain_collect`` (seconds over the plain ones', on
+  the same rollout), ``dqn_step_vs_plain_dqn_step`` (seconds of ``examples/recurrent_dqn.py``'s
+  gradient step over the plain one's, on the same replay chunks).
 
 Where a frame's time goes on the fast path, microseconds per frame (``frame_us_*``), each
 part the difference of two figures above: ``env`` the raw gymnasium step; ``torchrl_env``
@@ -60,6 +66,7 @@ from pathlib import Path
 import torch
 from bench_learning import run_ours, run_sb3  # benchmarks/bench_learning.py
 from bench_memory import SUITE, env_id  # benchmarks/bench_memory.py
+from plain_reference import figures as plain_figures  # benchmarks/plain_reference.py
 from timing import seconds_per_call, write_figures  # benchmarks/timing.py
 from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
@@ -357,7 +364,7 @@ def main(argv=None) -> dict[str, float]:
     cfg = Config(device=args.device, seed=args.seed, progress=False, env_batching="vector")
     has_sb3 = importlib.util.find_spec("sb3_contrib") is not None
     popgym = [name for name in args.popgym.split(",") if name]
-    bar = tqdm(total=4 + 2 * len(popgym), desc="bench_throughput")
+    bar = tqdm(total=5 + 2 * len(popgym), desc="bench_throughput")
 
     n, keep = cfg.num_envs, DEFAULT_KEEP[TASK]
     env_fps = {"vector": random_env_fps(make_vector_env(TASK, n, keep), args.env_frames),
@@ -402,6 +409,10 @@ def main(argv=None) -> dict[str, float]:
         record("main_job_fps_vs_sb3", fast / theirs, "ratio")
     else:
         print("main_job_fps_vs_sb3 skipped: sb3_contrib is missing (pip install -e '.[bench]')")
+    bar.update()
+
+    for name, value, unit, note in plain_figures(frames=args.frames, rounds=args.rounds, seed=args.seed):
+        record(name, value, unit, note)
     bar.update()
 
     for name in popgym:

@@ -32,8 +32,10 @@ def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, v
     n = values.shape[0]
     if not n:
         return
-    batch_var, batch_mean = torch.var_mean(values.detach().to(mean.dtype), 0, correction=0)
-    if not math.isfinite(batch_var.sum().item()):  # a NaN, an infinity or an overflow makes it non-finite
+    batch_var, batch_mean = torch.var_mean((values.detach() if values.requires_grad else values).to(mean.dtype), 0,
+                                           correction=0)
+    spread = batch_var if batch_var.dim() == 0 else batch_var.sum()
+    if not math.isfinite(spread.item()):  # a NaN, an infinity or an overflow makes it non-finite (the one read)
         bad = int((~torch.isfinite(values)).sum())
         found = (f"holds {bad} NaN or infinite value(s) in this batch of {values.numel()}" if bad else
                  f"holds values too large for their variance in {mean.dtype} (up to {values.abs().max().item():.3g})")
@@ -42,13 +44,24 @@ def _merge_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, v
             "it NaN. The statistics are left as they were: find where the env produces them, or replace or "
             "rescale them before this transform."
         )
-    old = count.item()
+    old = _count_of(count)
     total = old + n
     delta = batch_mean - mean
     # var <- (var * old + batch_var * n + delta^2 * old * n / total) / total
     var.mul_(old / total).add_(batch_var, alpha=n / total).addcmul_(delta, delta, value=old * n / total**2)
     mean.add_(delta, alpha=n / total)
     count.fill_(total)
+    if not count.is_inference():  # the value just written, valid until the buffer changes otherwise
+        count._merged = (count.data_ptr(), count._version, total)
+
+
+def _count_of(count: torch.Tensor) -> float:
+    """The running count's value: the one the last merge wrote, while the buffer holds it (the same
+    storage and version: not loaded, filled or copied since), else read from the buffer."""
+    merged = getattr(count, "_merged", None)
+    if merged is not None and not count.is_inference() and merged[:2] == (count.data_ptr(), count._version):
+        return merged[2]
+    return count.item()
 
 
 class ReturnScaledReward(Transform):

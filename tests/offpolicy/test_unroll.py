@@ -538,3 +538,40 @@ def test_mask_key_drops_the_same_steps_from_the_loss_and_the_td_error():
     gap = ((q * td["action"]).sum(-1) - want)[kept]
     torch.testing.assert_close(out["loss"], (gap ** 2).mean())
     torch.testing.assert_close(out["td_error"], gap.abs().mean())
+
+
+def test_the_networks_run_with_their_parameters_held_not_swapped_in_at_each_call(monkeypatch):
+    # the online network holds its own parameters, the target pass a copy holding the target ones (moved by
+    # the updaters in place): after the first call no parameters are swapped in, and the losses are those of
+    # the network run with each set swapped in, TorchRL's way
+    from tensordict import TensorDictBase
+    from torchrl.objectives import SoftUpdate
+
+    net, rnn = q_network()
+    loss, reference = (RecurrentDQNLoss(net, rnn, gamma=0.9, n_steps=2) for _ in range(2))
+    updater = SoftUpdate(loss, tau=0.5)
+    HardUpdate(reference, value_network_update_interval=1000)
+    reference.target_value_network_params = loss.target_value_network_params  # one set of target parameters
+    td = make_chunk()
+    loss(td.clone())
+    swaps = []
+    to_module = TensorDictBase.to_module
+    monkeypatch.setattr(TensorDictBase, "to_module", lambda *a, **k: swaps.append(1) or to_module(*a, **k))
+    with torch.no_grad():
+        for p in loss.value_network_params.values(True, True):
+            p.add_(0.3 * torch.randn_like(p))
+    updater.step()  # the target parameters move in place, towards the changed online ones
+    loss._carries = {name: None for name in loss._carries}
+    out = loss(td.clone())
+    assert swaps == []
+    monkeypatch.setattr(reference, "_network", lambda name: (net, rnn, (
+        reference.value_network_params if name == "online" else reference.target_value_network_params
+    ).to_module(net, preserve_module_state=False)))
+    want = reference(td.clone())
+    assert swaps
+    for key in ("loss", "td_error"):
+        torch.testing.assert_close(out[key], want[key], rtol=0, atol=0)
+    loss.diagnostics = False
+    assert list(loss(td.clone()).keys()) == ["loss"]
+    with pytest.raises(TypeError, match="diagnostics must be a bool"):
+        RecurrentDQNLoss(net, rnn, diagnostics="yes")

@@ -612,3 +612,92 @@ def test_per_token_heads_are_the_clip_ppo_loss(reduction):
     theirs = ClipPPOLoss(actor, critic, reduction=reduction)(windows.clone())
     for name in ("loss_objective", "loss_critic", "loss_entropy"):
         torch.testing.assert_close(ours[name], theirs[name])
+
+
+def _outputs_and_grads(loss, windows, params):
+    out = loss(windows.clone())
+    total = sum(value for name, value in out.items() if name.startswith("loss_") and value.requires_grad)
+    return out, torch.autograd.grad(total, params)
+
+
+@pytest.mark.parametrize("mode", ["reset_continue", "mask", "inverse_count"])
+@pytest.mark.parametrize("options", [{}, {"normalize_advantage": True, "entropy_coeff": 0.0},
+                                     {"clip_value": 0.3, "loss_critic_type": "l2", "reduction": "sum"},
+                                     {"entropy_coeff": 0.05, "log_explained_variance": False}])
+def test_plain_tensor_pass_is_the_torchrl_forward(mode, options):
+    # the networks on plain tensors against ClipPPOLoss's own forward (functional=True runs it): the
+    # same entries in the same order, the same values and gradients, with TorchRL's loss masks too
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
+    windows["state_value"] = torch.randn(*windows.shape, 1)
+    windows["collector", "mask"] = torch.rand(*windows.shape, 1, generator=torch.Generator().manual_seed(1)) > 0.2
+    params = [p for module in (*cells.values(), *heads.values()) for p in module.parameters()]
+    plain = RecurrentPPOLoss(actor, critic, boundary_mode=mode, **options)
+    torchrl = RecurrentPPOLoss(actor, critic, boundary_mode=mode, functional=True, **options)
+    assert plain._plain_path() is not None and torchrl._plain_path() is None
+    (ours, our_grads), (theirs, their_grads) = (_outputs_and_grads(loss, windows, params) for loss in (plain, torchrl))
+    assert list(ours.keys()) == list(theirs.keys())
+    for name in ours.keys():
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=0)
+    for ours_grad, theirs_grad in zip(our_grads, their_grads):
+        torch.testing.assert_close(ours_grad, theirs_grad, rtol=0, atol=0)
+
+
+def test_diagnostics_off_keeps_the_losses_alone():
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
+    full = RecurrentPPOLoss(actor, critic)(windows.clone())
+    for functional in (False, True):  # the plain pass and ClipPPOLoss's forward
+        loss = RecurrentPPOLoss(actor, critic, diagnostics=False, functional=functional)
+        out = loss(windows.clone())
+        assert list(out.keys()) == loss.out_keys == ["loss_objective", "loss_entropy", "loss_critic"]
+        for name in out.keys():
+            torch.testing.assert_close(out[name], full[name], rtol=0, atol=0)
+    loss.diagnostics = True  # for one batch
+    assert set(loss(windows.clone()).keys()) == set(full.keys()) and "real_slots" in loss.out_keys
+    with pytest.raises(TypeError, match="diagnostics must be a bool"):
+        RecurrentPPOLoss(actor, critic, diagnostics=1)
+
+
+def test_an_entropy_coefficient_of_zero_keeps_the_term_out_of_the_graph():
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
+    params = [p for module in (*cells.values(), *heads.values()) for p in module.parameters()]
+    for diagnostics in (True, False):
+        loss = RecurrentPPOLoss(actor, critic, entropy_coeff=0.0, diagnostics=diagnostics)
+        out = loss(windows.clone())
+        assert out["loss_entropy"].item() == 0 and not out["loss_entropy"].requires_grad
+    reference = RecurrentPPOLoss(actor, critic, entropy_coeff=0.0, functional=True)
+    (ours, our_grads), (theirs, their_grads) = (_outputs_and_grads(loss, windows, params) for loss in (loss, reference))
+    for ours_grad, theirs_grad in zip(our_grads, their_grads):
+        torch.testing.assert_close(ours_grad, theirs_grad, rtol=0, atol=0)
+    loss.entropy_coeff.fill_(0.5)  # a coefficient changed in place weighs again
+    torch.testing.assert_close(loss(windows.clone())["loss_entropy"], -0.5 * theirs["entropy"])
+
+
+def test_a_hook_or_carry_added_after_the_first_call_runs_the_modules_themselves():
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    windows = make_windows(make_rollout([[3, 5, 4], [6, 2, 4]]), 4, memory_key=MEMORY)
+    loss = RecurrentPPOLoss(actor, critic)
+    loss(windows.clone())
+    calls = []
+    head = actor.module[1]
+    head.register_forward_hook(lambda *args: calls.append(1))
+    assert loss._plain_path() is None
+    loss(windows.clone())
+    assert calls == [1]
+    critic.module[0].carry = True  # a carrying ResetRNN marks the chunk: the module itself runs it
+    assert loss._plain_path() is None
+
+
+def test_functional_defaults_to_false_and_a_state_dict_of_the_other_layout_is_refused():
+    actor, critic, cells, heads = make_agent("ResetRNN")
+    ours, theirs = RecurrentPPOLoss(actor, critic), RecurrentPPOLoss(actor, critic, functional=True)
+    assert not ours.functional and theirs.functional
+    assert [id(p) for p in ours.parameters()] == [id(p) for p in theirs.parameters()]  # the same tensors, in order
+    with pytest.raises(ValueError, match=r"actor_network_params\.\*.*build this one with functional=True"):
+        ours.load_state_dict(theirs.state_dict())
+    with pytest.raises(ValueError, match=r"actor_network\.\*.*build this one with functional=False"):
+        theirs.load_state_dict(ours.state_dict())
+    with pytest.raises(TypeError, match="functional must be a bool"):
+        RecurrentPPOLoss(actor, critic, functional=None)

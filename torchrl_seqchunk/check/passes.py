@@ -1,6 +1,8 @@
 """One training pass of a layout over a rollout, gathered as flat slots with their origin."""
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +64,9 @@ def make_runner(net: Network, ppo_loss=None):
                 raise ValueError(f"ppo_loss reads the stored log-probability {keys.sample_log_prob!r}, which the "
                                  "rollout lacks: act with return_log_prob=True, or set_keys(sample_log_prob=...) "
                                  "on the loss to name the key the actor writes.")
+            params = ppo_loss.actor_network_params  # None where the loss is not functional
             with torch.no_grad(), set_recurrent_mode(True), \
-                    ppo_loss.actor_network_params.to_module(ppo_loss.actor_network):
+                    contextlib.nullcontext() if params is None else params.to_module(ppo_loss.actor_network):
                 dist = ppo_loss.actor_network.get_dist(batch)
                 log_prob = dist.log_prob(batch.get(keys.action))
             batch.set(RATIO_LOG, log_prob.reshape(batch.shape) - batch.get(keys.sample_log_prob).reshape(batch.shape))

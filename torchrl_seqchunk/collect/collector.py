@@ -13,11 +13,13 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 from torch import nn
 from torchrl.collectors.utils import split_trajectories
 from torchrl.envs import TransformedEnv
+from torchrl.envs.libs.gym import GymWrapper
 
 from .._checks import check_int
 from ..envs import SyncVectorGymWrapper
@@ -142,12 +144,18 @@ class VectorEnvCollector:
         self.policy, self._built = policy, structure(env, policy)
         self._vector = env.base_env._env  # the gymnasium SyncVectorEnv
         self._obs_dtype = env.base_env.observation_spec["observation"].dtype
+        self._read_action = _action_reader(env.base_env)
+        # the root done flags are False at every step: made per step only for a policy that reads or writes them
+        touched = {unravel_key(key) for key in (*getattr(policy, "in_keys", ()), *getattr(policy, "out_keys", ()))}
+        self._step_flags = not hasattr(policy, "in_keys") or bool(touched & set(_FLAGS))
         self.frames, self._iter, self._next_traj = 0, -1, 0  # _iter: the rollouts yielded less one (the Collector's)
         self.reset()  # through TorchRL once: the same first observation and statistics
         if _collector_probes(policy):  # as the Collector calls it when built: the same draws from torch's
             # generator (none where the modules' default interaction type is deterministic), the same in-place changes
+            flag = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
             with torch.no_grad():
-                policy(TensorDict({**self._carried, **self._root, ("collector", "traj_ids"): self._traj_ids},
+                policy(TensorDict({**self._carried, **self._root, **{name: flag for name in _FLAGS},
+                                   ("collector", "traj_ids"): self._traj_ids},
                                   batch_size=[self.num_envs], device=self.device))
 
     def __iter__(self) -> Iterator[TensorDictBase]:
@@ -163,7 +171,7 @@ class VectorEnvCollector:
         first = self.env.reset()
         flag = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
         self._root = {"observation": first["observation"].to(self.device), "is_init": ~flag,
-                      **{name: flag for name in _FLAGS}}
+                      **({name: flag for name in _FLAGS} if self._step_flags else {})}
         if self._reward_sum:
             self._root["episode_reward"] = torch.zeros(self.num_envs, 1, device=self.device)
         self._carried = {key: first[key].to(self.device) for key in self._primed}  # the primers' zeros
@@ -231,59 +239,61 @@ class VectorEnvCollector:
         for _ in range(self._steps):
             # the env's entries win over those carried from the previous step
             data = self._act({**self._carried, **self._root, ("collector", "traj_ids"): self._traj_ids})
-            if "action" not in data:
+            action = data.get("action")
+            if action is None:
                 raise ValueError(f"the policy wrote no \"action\" (its outputs: {sorted(map(str, data))}).")
-            nxt = self._step(data["action"])
+            nxt, ended = self._step(action)
             # under "next": a primed entry the policy left unwritten keeps its value (TensorDictPrimer's step)
             after = {**{key: data[key] for key in self._primed if key in data}, **_next_entries(data)}
             steps.append((data, after, nxt))
             # TorchRL's step_mdp (keep_other=True): every root entry goes on, the primed ones from "next"
             self._carried = {**{key: value for key, value in data.items() if not _is_next(key)},
                              **{key: after[key] for key in self._primed if key in after}}
-            self._reset_ended(nxt)
+            self._reset_ended(nxt, ended)
         out = _stack([{k: v for k, v in data.items() if not _is_next(k)} for data, _, _ in steps])
+        if not self._step_flags:  # False at every step, which follows a reset or a step that went on
+            out.update({name: torch.zeros(self.num_envs, self._steps, 1, dtype=torch.bool, device=self.device)
+                        for name in _FLAGS})
         out["next"] = _stack([{**carried, **nxt} for _, carried, nxt in steps])
         return TensorDict(out, batch_size=[self.num_envs, self._steps], device=self.device)
 
-    def _step(self, action: torch.Tensor) -> dict:
-        """Steps every env; the next step's entries, through the transforms' step rules."""
-        obs, reward, terminated, truncated, _ = self._vector.step(self.env.base_env.read_action(action.cpu()))
+    def _step(self, action: torch.Tensor) -> tuple[dict, np.ndarray]:
+        """Steps every env; the next step's entries, through the transforms' step rules, and the
+        envs that ended (bool ``[N]``, numpy)."""
+        obs, reward, terminated, truncated, _ = self._vector.step(self._read_action(action))
+        ended = terminated | truncated
         shape = (self.num_envs, 1)
         # the env's values and the transforms' rules on the CPU, where the env and their statistics live
-        env = {"observation": torch.tensor(obs, dtype=self._obs_dtype),
-               "reward": torch.as_tensor(reward, dtype=torch.float32).reshape(shape),
-               "terminated": torch.as_tensor(terminated).reshape(shape),
-               "truncated": torch.as_tensor(truncated).reshape(shape)}
-        env["done"] = env["terminated"] | env["truncated"]
-        raw_reward = env["reward"]
+        raw_reward = torch.from_numpy(np.asarray(reward, dtype=np.float32)).view(shape)
+        env = {"observation": torch.tensor(obs, dtype=self._obs_dtype), "reward": raw_reward,
+               "terminated": torch.from_numpy(terminated).view(shape), "truncated": torch.from_numpy(truncated).view(shape),
+               "done": torch.from_numpy(ended).view(shape)}
         if self._obs_norm is not None:
             env["observation"] = self._obs_norm.normalize(env["observation"])
         if self._reward_scale is not None:
-            env["reward"] = self._reward_scale.scale(env["reward"], env["done"])
-        nxt = {key: value.to(self.device) for key, value in env.items()}
+            env["reward"] = self._reward_scale.scale(raw_reward, env["done"])
+        nxt = env if self.device.type == "cpu" else {key: value.to(self.device) for key, value in env.items()}
         nxt["is_init"] = torch.zeros(shape, dtype=torch.bool, device=self.device)
         if self._reward_sum:
             nxt["episode_reward"] = self._root["episode_reward"] + raw_reward.to(self.device)
-        return nxt
+        return nxt, ended
 
-    def _reset_ended(self, nxt: dict) -> None:
+    def _reset_ended(self, nxt: dict, ended: np.ndarray) -> None:
         """The next step's root: the step's next entries, the envs that ended reset (transforms' reset rules)."""
-        done = nxt["done"].reshape(-1)
-        # root flags: False at every step, which follows a reset or a step that went on
-        flag = torch.zeros_like(nxt["is_init"])  # a tensor of its own per flag: a module may write in place
-        root = {"observation": nxt["observation"], "is_init": nxt["is_init"],
-                **{name: flag.clone() for name in _FLAGS}}
+        root = {"observation": nxt["observation"], "is_init": nxt["is_init"]}
+        if self._step_flags:  # root flags: False at every step, a tensor of its own per flag (a module may write)
+            root.update({name: torch.zeros_like(nxt["is_init"]) for name in _FLAGS})
         if self._reward_sum:
             root["episode_reward"] = nxt["episode_reward"]
-        if bool(done.any()):
-            ended = done.cpu()  # the env's and the transforms' side, as in _step
-            obs, _ = self._vector.reset(options={"reset_mask": ended.numpy()})
-            obs = torch.tensor(obs, dtype=self._obs_dtype)
+        if ended.any():
+            obs, _ = self._vector.reset(options={"reset_mask": ended})
+            obs = torch.tensor(obs, dtype=self._obs_dtype)  # the env's and the transforms' side, as in _step
+            counted = torch.from_numpy(ended)
             if self._obs_norm is not None:
-                obs = self._obs_norm.normalize(obs, counted=ended)
+                obs = self._obs_norm.normalize(obs, counted=counted)
             if self._reward_scale is not None:
-                self._reward_scale.reset_returns(ended)
-            obs = obs.to(self.device)
+                self._reward_scale.reset_returns(counted)
+            obs, done = obs.to(self.device), counted.to(self.device)
             column = done.unsqueeze(-1)
             root["observation"] = torch.where(column, obs, root["observation"])
             root["is_init"] = column
@@ -292,7 +302,7 @@ class VectorEnvCollector:
                 self._carried[key] = value.masked_fill(column.view(-1, *[1] * (value.dim() - 1)), 0)
             if self._reward_sum:
                 root["episode_reward"] = root["episode_reward"].masked_fill(column, 0.0)
-            new = torch.arange(self._next_traj, self._next_traj + int(done.sum()), device=self.device)
+            new = torch.arange(self._next_traj, self._next_traj + int(ended.sum()), device=self.device)
             self._traj_ids = self._traj_ids.masked_scatter(done, new)
             self._next_traj += new.numel()
         self._root = root
@@ -318,6 +328,15 @@ class VectorEnvCollector:
     def shutdown(self) -> None:
         """Closes the env."""
         self.env.close()
+
+
+def _action_reader(base: SyncVectorGymWrapper):
+    """``action -> numpy``: the wrapper's ``read_action`` (its action spec's ``to_numpy``), the spec
+    looked up once where the wrapper reads one action entry as ``GymWrapper`` does."""
+    if type(base).read_action is not GymWrapper.read_action or len(base.action_keys) != 1:
+        return lambda action: base.read_action(action.cpu())
+    spec = base.full_action_spec[base.action_keys[0]]
+    return lambda action: spec.to_numpy(action.cpu(), safe=False)
 
 
 def _collector_probes(policy: nn.Module) -> bool:

@@ -9,6 +9,10 @@ TensorDict call, draw for draw (the same modules, the same distribution, TorchRL
 module (TorchRL's ``QValueModule`` and ``EGreedyModule``, a module with hooks or a spec
 projection, ...) is itself called on a TensorDict of the step's entries, as TorchRL's
 ``Collector`` calls it: the same values, at the cost of that TensorDict.
+
+The same walk in sequence mode (:func:`plain_steps`) runs a network over windows ``[N, W]`` for
+the losses: its ``TensorDictModule`` s and its :class:`~torchrl_seqchunk.ResetRNN` s without a
+carry, on the windows' entries.
 """
 from __future__ import annotations
 
@@ -80,24 +84,58 @@ def tensor_policy(policy: nn.Module) -> Callable[[dict], dict]:
     return step
 
 
+class Watch:
+    """A module's structure when a walk of it was built, compared cheaply at each call: its
+    TensorDict modules' submodules (by identity; the walk calls those), their hook counts (the
+    walk leaves out theirs) and each ResetRNN's carry."""
+
+    def __init__(self, module: nn.Module):
+        self.modules = [m for m in module.modules() if isinstance(m, TensorDictModuleBase)]
+        self.seen = self.now()
+
+    def now(self) -> tuple:
+        return ([tuple(m._modules.values()) for m in self.modules],
+                [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in self.modules],
+                [m.carry for m in self.modules if isinstance(m, ResetRNN)])
+
+    def changed(self) -> bool:
+        return self.now() != self.seen
+
+
 def _refuse(module: nn.Module, why: str):
     raise TypeError(f"tensor_policy cannot run this {type(module).__name__}: {why}. Step the env with TorchRL's "
                     "Collector instead (it runs any TensorDict module).")
 
 
-def _steps(module: nn.Module) -> list[Step]:
+def plain_steps(module: nn.Module) -> list[Step] | None:
+    """The sequence-mode steps of ``module`` on a ``dict`` of ``[N, W, ...]`` tensors, in the order
+    its ``forward`` runs them; ``None`` where one of its modules does not run on plain tensors (a
+    probabilistic module, a carrying ResetRNN, hooks, ...: call the module itself there)."""
+    return _steps(module, sequence=True)
+
+
+def _steps(module: nn.Module, *, sequence: bool = False) -> list[Step] | None:
+    """Step mode: every module's step, those that do not run plain called on a TensorDict; sequence
+    mode: ``None`` unless every module runs plain."""
     if not isinstance(module, TensorDictModuleBase):
+        if sequence:
+            return None
         _refuse(module, "it is not a TensorDict module (no in_keys and out_keys to read and write)")
     if isinstance(module, TensorDictSequential) and module._select_before_return:
+        if sequence:
+            return None
         _refuse(module, "selected_out_keys drops outputs, which a plain-tensor step keeps")
+    if sequence and (isinstance(module, ProbabilisticTensorDictModule) or (isinstance(module, ResetRNN) and module.carry)):
+        return None  # a draw, or a carry that marks the chunk (a TensorDict)
     if not _runs_plain(module):
-        return [_tensordict_step(module)]
+        return None if sequence else [_tensordict_step(module)]
     if isinstance(module, ResetRNN):
-        return [_rnn_step(module)]
+        return [_rnn_sequence(module) if sequence else _rnn_step(module)]
     if isinstance(module, ProbabilisticTensorDictModule):
         return [_sample_step(module)]
-    if isinstance(module, TensorDictSequential):
-        return [run for child in module._module_iter() for run in _steps(child)]  # named modules too
+    if isinstance(module, TensorDictSequential):  # named modules too
+        children = [_steps(child, sequence=sequence) for child in module._module_iter()]
+        return None if None in children else [run for steps in children for run in steps]
     return [_module_step(module)]
 
 
@@ -175,6 +213,15 @@ def _rnn_step(rnn: ResetRNN) -> Step:
             data[rnn.out_key] = y
         data.update(zip(rnn.state_keys, used))
         data.update(zip(next_keys, new))
+
+    return run
+
+
+def _rnn_sequence(rnn: ResetRNN) -> Step:
+    def run(data: dict) -> None:
+        x = _read(data, rnn.in_key, rnn)
+        rnn._ran_sequence = True  # as its forward records the mode it ran in
+        data[rnn.out_key] = rnn._unroll_rows(data, x.shape[:2])
 
     return run
 

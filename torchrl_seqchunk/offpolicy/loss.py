@@ -11,6 +11,9 @@ that a batch may hold any of the streams (e.g. ``P`` streams trained ``B`` rows 
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import torch
 from tensordict import TensorDict, TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase, TensorDictParams
@@ -20,6 +23,7 @@ from torchrl.objectives.utils import distance_loss
 
 from .._boundaries import read_entry
 from .._checks import check_int, check_real
+from ..collect.policy import Watch
 from ..recurrent.torchrl_modules import TORCHRL_RNNS, warn_uncarried
 from .targets import boundary_nstep_targets
 from .unroll import unroll_with_next
@@ -119,6 +123,8 @@ class RecurrentDQNLoss(LossModule):
             before the row's last ``K`` steps (one more unroll without gradient over the
             steps before them, per network). Batches then need more than ``2 K`` steps per
             row. Default ``False``.
+        diagnostics (bool): compute ``"td_error"`` and ``"recurrent_steps"`` (settable, e.g. to
+            log one step in many); ``False``: ``"loss"`` alone. Default ``True``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
@@ -126,7 +132,7 @@ class RecurrentDQNLoss(LossModule):
         TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached; both over the
         steps ``mask_key`` keeps, 0 where it keeps none) and
         ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in and the
-        unroll before an overlap included, ``int64``).
+        unroll before an overlap included, ``int64``); ``"loss"`` alone without ``diagnostics``.
 
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
@@ -185,6 +191,7 @@ class RecurrentDQNLoss(LossModule):
         burn_in: int = 0,
         stream_key: NestedKey | None = None,
         overlap: bool = False,
+        diagnostics: bool = True,
         action_key: NestedKey = "action",
         action_value_key: NestedKey = "action_value",
         reward_key: NestedKey = ("next", "reward"),
@@ -235,12 +242,17 @@ class RecurrentDQNLoss(LossModule):
             raise ValueError(f"overlap=True needs initial_state='carry' and burn_in >= 1 (the steps the batches of a "
                              f"stream share), got initial_state={initial_state!r}, burn_in={self.burn_in}.")
         self.mask_key, self.stream_key, self.overlap = mask_key, stream_key, overlap
+        if not isinstance(diagnostics, bool):
+            raise TypeError(f"diagnostics must be a bool, got {diagnostics!r}.")
+        self.diagnostics = diagnostics
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
         self.rnn = [rnn]  # a list: not a second registration of the network's submodule
         warn_uncarried(value_network, "RecurrentDQNLoss")
         self.convert_to_functional(value_network, "value_network", create_target_params=self.delay_value)
         self._carries = {"online": None, "target": None}
+        # (the target parameters, a copy of the network holding them, its ResetRNN, the network's Watch); unregistered
+        self.__dict__["_target_network"] = None
 
     # -- carry ---------------------------------------------------------------
     def reset_carry(self, mask: torch.Tensor | None = None) -> None:
@@ -330,26 +342,50 @@ class RecurrentDQNLoss(LossModule):
             grown.append(new)
         self._carries[name] = tuple(grown)
 
+    # -- networks ------------------------------------------------------------
+    def _network(self, name: str):
+        """``(network, rnn, context)`` that run with the parameters of ``name``: the value network
+        itself while the online parameters are its own (as ``convert_to_functional`` leaves them);
+        for the target parameters, a copy of it holding them as its own, made once (again when
+        they are replaced, e.g. by ``to()``), which the target updaters move in place. Elsewhere
+        the parameters are swapped in for the call, as TorchRL's losses do."""
+        network, rnn = self.value_network, self.rnn[0]
+        params = self.value_network_params if name == "online" else self.target_value_network_params
+        leaves = list(params.values(True, True))
+        if name == "online":
+            if all(a is b for a, b in zip(leaves, network.parameters(), strict=True)):
+                return network, rnn, contextlib.nullcontext()
+            return network, rnn, params.to_module(network, preserve_module_state=False)
+        bound = self._target_network
+        if (bound is None or len(bound[0]) != len(leaves) or any(a is not b for a, b in zip(bound[0], leaves))
+                or bound[3].changed()):
+            target = copy.deepcopy(network)
+            params.to_module(target)  # for good: the copy's parameters are the target parameters
+            target_rnn = next(t for t, m in zip(target.modules(), network.modules()) if m is rnn)
+            self.__dict__["_target_network"] = bound = (leaves, target, target_rnn, Watch(network))
+        return bound[1], bound[2], contextlib.nullcontext()
+
     # -- loss ----------------------------------------------------------------
-    def _unroll(self, params, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None,
+    def _unroll(self, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None,
                 streams: torch.Tensor | None, ended: torch.Tensor | None):
         start = self._start(tensordict if warm is None else warm, name, streams)
         burnt = 0
-        with params.to_module(self.value_network, preserve_module_state=False):
+        network, rnn, context = self._network(name)
+        with context:
             if warm is not None:
                 with torch.no_grad():
-                    warmed = unroll_with_next(self.value_network, self.rnn[0], warm, start, bootstrap=False,
+                    warmed = unroll_with_next(network, rnn, warm, start, bootstrap=False,
                                               value_key=self.keys["action_value"], done_key=self.keys["done"])
                 start, burnt = warmed.final_state, warmed.recurrent_steps
             out = unroll_with_next(
-                self.value_network, self.rnn[0], tensordict, start,
+                network, rnn, tensordict, start,
                 value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
                 done_key=self.keys["done"], truncated_key=self.keys["truncated"],
             )
             final = out.final_state
             if self.overlap:  # the state before the last K steps, which the next batch burns in again
                 with torch.no_grad():
-                    before = unroll_with_next(self.value_network, self.rnn[0], tensordict[:, : -self.burn_in],
+                    before = unroll_with_next(network, rnn, tensordict[:, : -self.burn_in],
                                               start, bootstrap=False, value_key=self.keys["action_value"],
                                               done_key=self.keys["done"])
                 final, burnt = before.final_state, burnt + before.recurrent_steps
@@ -423,10 +459,10 @@ class RecurrentDQNLoss(LossModule):
         warm, tensordict = self._split(tensordict)
         streams = self._streams(tensordict)  # one read for both networks
         ended = self._carry_ends(tensordict)
-        online = self._unroll(self.value_network_params, tensordict, "online", warm, streams, ended)
+        online = self._unroll(tensordict, "online", warm, streams, ended)
         with torch.no_grad():
             if self.delay_value:
-                target = self._unroll(self.target_value_network_params, tensordict, "target", warm, streams, ended)
+                target = self._unroll(tensordict, "target", warm, streams, ended)
             else:
                 target = online
             target_next = target.next_values.detach()
@@ -447,8 +483,8 @@ class RecurrentDQNLoss(LossModule):
         value_target = work.get("value_target")
         mask = None if self.mask_key is None else tensordict.get(self.mask_key).reshape(chosen.shape).to(chosen.dtype)
         steps = online.recurrent_steps + (target.recurrent_steps if self.delay_value else 0)
-        return TensorDict(
-            loss=_kept_mean(distance_loss(chosen, value_target, self.loss_function), mask),
-            td_error=_kept_mean((chosen - value_target).abs().detach(), mask),
-            recurrent_steps=torch.tensor(steps),
-        )
+        out = TensorDict(loss=_kept_mean(distance_loss(chosen, value_target, self.loss_function), mask))
+        if self.diagnostics:
+            out.set("td_error", _kept_mean((chosen - value_target).abs().detach(), mask))
+            out.set("recurrent_steps", torch.tensor(steps))
+        return out

@@ -5,13 +5,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDictBase
-from tensordict.nn import dispatch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.common import AUTO_LOSS_MASK_KEYS
+from torchrl.objectives.ppo import _broadcast_advantage_to_log_weight, _check_advantage_broadcast
+from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
+from ..collect.policy import Watch, plain_steps
 from ..recurrent.module import ResetRNN
 from .slots import BOUNDARY_MODES, reduce_windows, trained_slots
 
@@ -101,6 +104,25 @@ class RecurrentPPOLoss(ClipPPOLoss):
         own mean), and ``"real_mean_*"`` is the mean over the slots that train of each slot's
         mean. :attr:`in_keys` is sorted.
 
+    .. note:: The networks' pass: where TorchRL's forward only reads the windows and calls the
+        modules (a ``ProbabilisticActor``-style actor and a critic of ``TensorDictModule`` s and
+        :class:`~torchrl_seqchunk.ResetRNN` s without a carry; not with ``functional=True``,
+        ``delay_actor``, ``max_importance_ratio``, an ``advantage_norm``, ``separate_losses``,
+        per-head entropy coefficients or composite keys), the same modules run on the windows'
+        entries as plain tensors and the terms are ClipPPOLoss's operations on them, without its
+        TensorDict work: the same values and gradients (tested against ClipPPOLoss). An entropy
+        term whose coefficient is 0 stays out of the graph (its value, 0, is kept), and with
+        ``diagnostics=False`` only the ``"loss_*"`` entries are computed. Elsewhere ClipPPOLoss's
+        own forward runs.
+
+    .. warning:: ``functional`` defaults to ``False`` here, where TorchRL's default is ``True``:
+        the networks keep their parameters (the same tensors, in the same order, in
+        ``parameters()``) instead of having them swapped in at every call. Pass
+        ``functional=True`` for what needs TorchRL's functional parameters (replacing them, a
+        proximal actor with ``delay_actor``); its ``state_dict`` names the parameters
+        ``actor_network_params.*`` where this default names them ``actor_network.*``, and loading
+        one into a loss built the other way is a ValueError that says so.
+
     Reset-and-continue follows the stored-state strategy of Kapturowski et al.,
     "Recurrent Experience Replay in Distributed Reinforcement Learning" (R2D2),
     ICLR 2019, applied at every episode boundary inside a window; PPO is Schulman
@@ -117,10 +139,16 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``"is_first"`` (also settable with ``set_keys(is_first=...)``).
         count_weight_key (NestedKey): per-slot count weight, float ``[N, W, 1]``.
             Defaults to ``"count_weight"`` (``set_keys(count_weight=...)``).
-        **kwargs: every :class:`~torchrl.objectives.ClipPPOLoss` option
+        diagnostics (bool): compute the logging entries (TorchRL's ``clip_fraction``,
+            ``kl_approx``, ``entropy``, ``ESS``, ratios, ``explained_variance``,
+            ``value_clip_fraction`` and this class's ``real_slots``, ``mean_count_weight``,
+            ``real_mean_*``); ``False``: the ``"loss_*"`` entries alone (e.g. set
+            :attr:`diagnostics` on for one batch per rollout). Default ``True``.
+        functional (bool): TorchRL's option (see the warning above). Default ``False``.
+        **kwargs: every other :class:`~torchrl.objectives.ClipPPOLoss` option
             (``clip_epsilon``, ``entropy_bonus``, ``entropy_coeff``, ``critic_coeff``,
             ``loss_critic_type``, ``clip_value``, ``normalize_advantage``,
-            ``reduction``, ``functional``, ...), unchanged.
+            ``reduction``, ...), unchanged.
 
     Raises:
         ValueError: unknown ``boundary_mode``, or a :class:`~torchrl_seqchunk.ResetRNN`
@@ -132,8 +160,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
             slot 0 is not a reset slot, a stored log-probability neither ``[N, W]`` nor with leading
             dims of the action's (a trailing 1 beside a Categorical's ``[N, W]``), or losses neither
             ``[N, W]`` nor the log-probability's shape (ClipPPOLoss broadcast a stored entry
-            against the policy's) (at call time).
-        TypeError: a reset flag that is not bool (at call time).
+            against the policy's) (at call time); a ``state_dict`` of a loss built with the other
+            ``functional`` (at load time).
+        TypeError: ``diagnostics`` or ``functional`` not a bool; a reset flag that is not bool
+            (at call time).
 
     Examples:
         >>> import torch
@@ -186,16 +216,37 @@ class RecurrentPPOLoss(ClipPPOLoss):
         boundary_mode: str = "reset_continue",
         is_first_key: NestedKey = "is_first",
         count_weight_key: NestedKey = "count_weight",
+        diagnostics: bool = True,
+        functional: bool = False,
         **kwargs,
     ):
         if boundary_mode not in BOUNDARY_MODES:
             raise ValueError(
                 f"boundary_mode must be one of {BOUNDARY_MODES}, got {boundary_mode!r}."
             )
+        for name, value in (("diagnostics", diagnostics), ("functional", functional)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}.")
         _check_window_rnns(unravel_key(is_first_key), actor_network, critic_network)
-        super().__init__(actor_network, critic_network, **kwargs)
+        super().__init__(actor_network, critic_network, functional=functional, **kwargs)
         self.boundary_mode = boundary_mode
+        self._diagnostics = diagnostics
+        self._plain = None  # (the networks' watches, their plain-tensor walk or None)
+        self._entropy_weighs = None  # (the entropy coefficient's buffer and version, whether it is not 0)
         self.set_keys(is_first=is_first_key, count_weight=count_weight_key)
+        self.register_load_state_dict_pre_hook(_refuse_other_layout)
+
+    @property
+    def diagnostics(self) -> bool:
+        """Whether a call computes the logging entries (see the class docstring); settable, e.g. to
+        log one batch per rollout."""
+        return self._diagnostics
+
+    @diagnostics.setter
+    def diagnostics(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"diagnostics must be a bool, got {value!r}.")
+        self._diagnostics, self._out_keys = value, None
 
     def set_keys(self, **kwargs) -> None:
         """ClipPPOLoss's ``set_keys``; a new ``is_first`` checked as ``is_first_key`` is (ValueError)."""
@@ -217,8 +268,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
     def out_keys(self):
         if self._out_keys is None:
             keys = list(super().out_keys)
-            diagnostics = [f"real_mean_{key[5:]}" for key in keys if key.startswith("loss_")]
-            self._out_keys = keys + ["real_slots", "mean_count_weight"] + diagnostics
+            losses = [key for key in keys if key.startswith("loss_")]
+            if self.diagnostics:
+                self._out_keys = keys + ["real_slots", "mean_count_weight"] + [f"real_mean_{key[5:]}" for key in losses]
+            else:
+                self._out_keys = losses
         return self._out_keys
 
     @out_keys.setter
@@ -311,27 +365,150 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
         return event
 
+    def _plain_path(self):
+        """``(input keys, actor steps, distribution module, critic steps)`` that compute the
+        networks' outputs on plain tensors, or ``None`` where ClipPPOLoss's own forward runs: its
+        parameters swapped in (``functional=True``), a proximal actor, a capped ratio, an advantage
+        ``ValueNorm``, separate losses, per-head entropy coefficients, composite keys, or a module
+        that runs only on a TensorDict. Rebuilt when the networks' modules or hooks change."""
+        keys = self.tensor_keys
+        if (self.functional or self.delay_actor or self.separate_losses or self.max_importance_ratio is not None
+                or self.advantage_norm is not None or self._entropy_coeff_map is not None
+                or not all(isinstance(k, (str, tuple)) for k in (keys.sample_log_prob, keys.action, keys.value))):
+            return None
+        if self._plain is None or any(watch.changed() for watch in self._plain[0]):
+            critic = self.critic_network if self._has_critic else None
+            watches = [Watch(self.actor_network)] + ([] if critic is None else [Watch(critic)])
+            self._plain = (watches, _plain_networks(self.actor_network, critic))
+        return self._plain[1]
+
+    def _weighs_entropy(self) -> bool:
+        """Whether the entropy coefficient is not 0 (read once per change of its buffer)."""
+        coeff = self.entropy_coeff
+        seen = (coeff, coeff._version)
+        if self._entropy_weighs is None or self._entropy_weighs[0][0] is not coeff or self._entropy_weighs[0][1] != seen[1]:
+            self._entropy_weighs = (seen, bool((coeff != 0).any()))
+        return self._entropy_weighs[1]
+
+    def _clip_terms(self, tensordict: TensorDictBase, in_keys, actor_steps, dist_module, critic_steps) -> dict:
+        """ClipPPOLoss's forward entries (its per-element ``"loss_*"`` terms, ``reduction="none"``),
+        the same operations on plain tensors: the networks' modules called on the windows' entries;
+        the entropy term left out of the graph where its coefficient is 0 (its value, 0, kept), the
+        logging entries left out without :attr:`diagnostics`."""
+        keys, diagnostics = self.tensor_keys, self.diagnostics
+        advantage = self._maybe_normalize_advantage(tensordict.get(keys.advantage), tensordict, update_norm=False)
+        data = {key: value for key in in_keys if (value := tensordict.get(key, None)) is not None}
+        for run in actor_steps:
+            run(data)
+        dist = dist_module.get_dist(data)
+        previous = tensordict.get(keys.sample_log_prob, None)
+        if previous is None:
+            raise KeyError(f"Couldn't find the log-prob {keys.sample_log_prob} in the input data.")
+        action = tensordict.get(keys.action)
+        for key, value in ((keys.sample_log_prob, previous), (keys.action, action)):
+            if value.requires_grad:
+                raise RuntimeError(f"tensordict stored {key} requires grad.")
+        log_prob = dist.log_prob(action)
+        log_weight = (log_prob - previous).unsqueeze(-1)
+        advantage = _broadcast_advantage_to_log_weight(advantage, log_weight)
+        if advantage.shape != log_weight.shape:  # equal shapes broadcast to themselves
+            _check_advantage_broadcast(advantage, log_weight)
+        clipped = log_weight.clamp(*self._clip_bounds)
+        gain = torch.stack([log_weight.exp() * advantage, clipped.exp() * advantage], -1).min(dim=-1).values
+        out = {"loss_objective": -gain}
+        if diagnostics:
+            out["clip_fraction"] = (clipped != log_weight).to(log_weight.dtype).mean()
+            out["kl_approx"] = (previous - log_prob).unsqueeze(-1).detach().mean()
+        if self.entropy_bonus:
+            weighs = self._weighs_entropy()
+            entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1]) if weighs or diagnostics else None
+            if diagnostics:
+                out["entropy"] = entropy.detach().mean()
+            out["loss_entropy"] = (self._weighted_loss_entropy(entropy) if weighs
+                                   else torch.zeros_like(log_weight) if entropy is None
+                                   else self._weighted_loss_entropy(entropy.detach()))
+        if self._has_critic:
+            out.update(self._critic_terms(tensordict, data, critic_steps))
+        if diagnostics:
+            with torch.no_grad():
+                weight = log_weight.squeeze(-1)
+                out["ESS"] = (2 * weight.logsumexp(0) - (2 * weight).logsumexp(0)).exp() / log_weight.shape[0]
+                ratio = log_weight.exp()
+                out["max_ratio"], out["mean_ratio"] = ratio.max(), ratio.mean()
+        for name in [key for key in out if key.startswith("loss_")]:
+            out[name] = self._reduce_loss(out[name], tensordict).squeeze(-1)
+        return out
+
+    def _critic_terms(self, tensordict: TensorDictBase, data: dict, critic_steps) -> dict:
+        """ClipPPOLoss's ``loss_critic`` on plain tensors: the weighted value loss and, with
+        :attr:`diagnostics`, the value clip fraction and the explained variance."""
+        keys = self.tensor_keys
+        target = tensordict.get(keys.value_target, None)
+        if target is None:
+            raise KeyError(
+                f"the key {keys.value_target} was not found in the input tensordict. Make sure you provided the "
+                "right key and the value_target (i.e. the target return) has been retrieved accordingly."
+            )
+        old = None
+        if self.clip_value:
+            old = tensordict.get(keys.value, None)
+            if old is None:
+                raise KeyError(f"clip_value is set to {self.clip_value}, but the key {keys.value} was not found in "
+                               "the input tensordict.")
+        for run in critic_steps:
+            run(data)
+        value = data.get(keys.value)
+        if value is None:
+            raise KeyError(f"the key {keys.value} was not found in the critic output tensordict. Make sure that the "
+                           "'value_key' passed to PPO is accurate.")
+        target, value, old = self._critic_loss_inputs(target, value, old)
+        loss = distance_loss(target, value, loss_function=self.loss_critic_type)
+        out = {}
+        if self.clip_value:
+            loss, fraction = _clip_value_loss(old, value, self.clip_value, target, loss, self.loss_critic_type)
+            if self.diagnostics:
+                out["value_clip_fraction"] = fraction
+        out = {"loss_critic": self.critic_coeff * loss, **out}
+        if self.diagnostics and self.log_explained_variance:
+            with torch.no_grad():
+                target, value = target.detach(), value.detach()
+                residual = torch.var(target - value, correction=0, dim=0)
+                total = torch.var(target, correction=0, dim=0)
+                out["explained_variance"] = 1.0 - residual / (total + torch.finfo(target.dtype).eps)
+        return out
+
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Clipped PPO losses of windows ``[N, W]``, reduced once by ``boundary_mode``.
 
-        ClipPPOLoss computes every ``"loss_*"`` entry per slot (its ``reduction="none"``);
-        they are then reduced by :func:`~torchrl_seqchunk.ppo.slots.reduce_windows` with this
-        loss's ``reduction``.
+        ClipPPOLoss's terms are computed per slot (its ``reduction="none"``; on plain tensors where
+        the networks allow it, see the class docstring); they are then reduced by
+        :func:`~torchrl_seqchunk.ppo.slots.reduce_windows` with this loss's ``reduction``.
         Returns ClipPPOLoss's entries plus ``"real_slots"``, ``"mean_count_weight"`` and
-        ``"real_mean_<name>"`` for every ``"loss_<name>"``.
+        ``"real_mean_<name>"`` for every ``"loss_<name>"`` (the ``"loss_*"`` entries alone without
+        :attr:`diagnostics`).
         """
         trains, count_weight = self._slots(tensordict)
         event = self._log_prob_event(tensordict)
         input_mask = self._input_mask(tensordict)
+        every = self.boundary_mode != "mask" and input_mask is None  # every slot trains (no select needed)
         real = trains if input_mask is None else trains & input_mask
-        if self.normalize_advantage and (self.boundary_mode == "mask" or not real.all()):  # over the slots that
-            tensordict = tensordict.copy().set("shifted_valid", real)  # train, one estimator for every batch
-        with self._per_slot_terms() as reduction, set_recurrent_mode(True):
-            out = super().forward(tensordict)
+        if self.normalize_advantage and not every and (self.boundary_mode == "mask" or not real.all()):
+            # over the slots that train, one estimator for every batch
+            tensordict = tensordict.copy().set("shifted_valid", real)
+        plain = self._plain_path()
+        with self._per_slot_terms() as reduction:
+            if plain is not None:
+                out = self._clip_terms(tensordict, *plain)
+            else:
+                with set_recurrent_mode(True):
+                    out = dict(super().forward(tensordict).items())
+                if not self.diagnostics:
+                    out = {name: value for name, value in out.items() if name.startswith("loss_")}
         weight = count_weight if self.boundary_mode == "inverse_count" else None
-        for name in [key for key in out.keys() if key.startswith("loss_")]:
-            terms = out.get(name)  # [N, W], or [N, W, *event] per element of the log-probability
+        kept = None if every else real
+        for name in [key for key in out if key.startswith("loss_")]:
+            terms = out[name]  # [N, W], or [N, W, *event] per element of the log-probability
             if terms.shape[:2] != trains.shape or (event is not None and terms.shape[2:] not in ((), event)):
                 stored = tensordict.get(self.tensor_keys.sample_log_prob, None) if event is not None else None
                 raise ValueError(  # ClipPPOLoss broadcast a stored entry against the policy's
@@ -341,18 +518,51 @@ class RecurrentPPOLoss(ClipPPOLoss):
                     f"{None if stored is None else tuple(stored.shape)}; store it as the policy writes it."
                 )
             per_slot = terms.flatten(2).mean(-1) if terms.dim() > 2 else terms
-            out.set(f"real_mean_{name[5:]}", per_slot.detach()[real].mean())
+            if self.diagnostics:
+                out[f"real_mean_{name[5:]}"] = per_slot.detach().mean() if every else per_slot.detach()[real].mean()
             if terms.dim() > 2 and reduction != "mean":  # "sum" sums and "none" keeps the terms, as ClipPPOLoss
                 view = (*trains.shape, *[1] * (terms.dim() - 2))
-                out.set(name, reduce_windows(terms, real.view(view), None if weight is None else weight.view(view),
-                                              input_mask, reduction))
+                out[name] = reduce_windows(terms, None if kept is None else kept.view(view),
+                                           None if weight is None else weight.view(view), input_mask, reduction)
             else:
-                out.set(name, reduce_windows(per_slot, real, weight, input_mask, reduction))
-        for name in ("ESS", "explained_variance"):
-            # ClipPPOLoss reduces these over dim 0 only: one value per window position
-            per_position = out.get(name, None)
-            if per_position is not None:
-                out.set(name, per_position.mean())
-        out.set("real_slots", real.sum())
-        out.set("mean_count_weight", count_weight[real].mean())
-        return out
+                out[name] = reduce_windows(per_slot, kept, weight, input_mask, reduction)
+        if self.diagnostics:
+            for name in ("ESS", "explained_variance"):
+                # ClipPPOLoss reduces these over dim 0 only: one value per window position
+                if name in out:
+                    out[name] = out[name].mean()
+            out["real_slots"] = real.sum()
+            out["mean_count_weight"] = count_weight.mean() if every else count_weight[real].mean()
+        return TensorDict(out, batch_size=[])
+
+
+def _refuse_other_layout(loss, state_dict, prefix, *args) -> None:
+    """A ``state_dict`` saved by a loss built with the other ``functional`` names its parameters
+    otherwise: a ValueError naming the option, before torch's list of missing keys."""
+    theirs = "actor_network." if loss.functional else "actor_network_params."
+    if any(key.startswith(prefix + theirs) for key in state_dict):
+        raise ValueError(
+            f"this state_dict names the actor's parameters {theirs}*: it was saved by a RecurrentPPOLoss built "
+            f"with functional={not loss.functional}; build this one with functional={not loss.functional} to load it."
+        )
+
+
+def _plain_networks(actor, critic):
+    """:meth:`RecurrentPPOLoss._plain_path`'s walk of the networks (``critic`` None: none runs), or
+    ``None``: the actor must be TorchRL's probabilistic sequence (its distribution built by its last
+    module from its deterministic part's outputs), each module one that runs on plain tensors."""
+    sequence = ProbabilisticTensorDictSequential
+    if not (isinstance(actor, sequence) and not actor.return_composite and actor.det_part is not None
+            and all(getattr(type(actor), name) is getattr(sequence, name)
+                    for name in ("get_dist", "get_dist_params", "build_dist_from_params"))):
+        return None
+    dist_module = list(actor._module_iter())[-1]
+    last = [m for m in actor.modules() if isinstance(m, ProbabilisticTensorDictModule)][-1]
+    if dist_module is not last or type(dist_module).get_dist is not ProbabilisticTensorDictModule.get_dist:
+        return None
+    actor_steps = plain_steps(actor.det_part)
+    critic_steps = [] if critic is None else plain_steps(critic)
+    if actor_steps is None or critic_steps is None:
+        return None
+    in_keys = list(dict.fromkeys(unravel_key(key) for net in (actor, critic) if net is not None for key in net.in_keys))
+    return in_keys, actor_steps, dist_module, critic_steps

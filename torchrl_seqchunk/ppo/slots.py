@@ -72,14 +72,14 @@ def slot_weights(is_first: torch.Tensor, count_weight: torch.Tensor, boundary_mo
 def reduce_windows(loss, kept, weight, input_mask, reduction: str) -> torch.Tensor:
     """The one reduction of a per-slot ``loss [N, W]`` (see :class:`RecurrentPPOLoss`).
 
-    Slots outside ``kept`` count zero (selected, not multiplied: a NaN there leaves the loss
-    finite, but still reaches the gradients through the terms computed from it, as in
-    TorchRL's losses: keep padded slots' inputs finite); the
+    Slots outside ``kept`` (``None``: every slot is kept) count zero (selected, not multiplied: a
+    NaN there leaves the loss finite, but still reaches the gradients through the terms computed
+    from it, as in TorchRL's losses: keep padded slots' inputs finite); the
     terms are multiplied by ``weight`` (``inverse_count``); ``"mean"`` divides by the sum of
     ``weight`` (else by the slot count) over ``input_mask`` (TorchRL's loss masks; all
     slots if ``None``), so ``"mask"``'s dropped slots stay in the denominator.
     """
-    terms = torch.where(kept, loss, torch.zeros_like(loss))
+    terms = loss if kept is None else torch.where(kept, loss, torch.zeros_like(loss))
     if weight is not None:
         terms = terms * weight
     if reduction == "none":

@@ -39,20 +39,27 @@ def _under_func_transform() -> bool:
 def _layer_steps(rnn: nn.Module, layout: _Layout):
     """One step function per layer: ``step(x_t, state_tuple) -> state_tuple``."""
     if isinstance(rnn, (nn.GRU, nn.LSTM)):
-        steps = []
-        for layer in range(rnn.num_layers):
-            names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if rnn.bias else [])
-            weights = [getattr(rnn, f"{name}_l{layer}") for name in names]
-            if not rnn.bias:
-                weights += [None, None]
-            if isinstance(rnn, nn.GRU):
-                steps.append(lambda x, s, w=weights: (torch.gru_cell(x, s[0], *w),))
-            else:
-                proj = getattr(rnn, f"weight_hr_l{layer}", None)
-                steps.append(lambda x, s, w=weights, p=proj: _lstm_step(x, s, w, p))
-        return steps
+        return [lambda x, s, w=weights: _native_step(rnn, x, s, w) for weights in _layer_weights(rnn)]
     output = f"the output of {type(rnn).__name__}"
     return [lambda x, s: layout.flatten(rnn(x, layout.structure(s)), output)]
+
+
+def _layer_weights(rnn: nn.RNNBase) -> list:
+    """Each layer's ``[w_ih, w_hh, b_ih, b_hh, w_hr]`` of an ``nn.GRU`` / ``nn.LSTM`` (``None``
+    where it has no bias or projection), read by name (parameters swapped in by TensorDict's
+    ``to_module`` or ``torch.func`` are the ones read)."""
+    layers = []
+    for weights in rnn.all_weights:
+        biases = weights[2:4] if rnn.bias else [None, None]
+        layers.append([*weights[:2], *biases, weights[-1] if rnn.proj_size else None])
+    return layers
+
+
+def _native_step(rnn: nn.RNNBase, x, state: tuple, weights: list) -> tuple:
+    """One layer's step, ``state`` its entries ``(h,)`` or ``(h, c)``, with the native cell kernel."""
+    if isinstance(rnn, nn.GRU):
+        return (torch.gru_cell(x, state[0], *weights[:4]),)
+    return _lstm_step(x, state, weights[:4], weights[4])
 
 
 def _lstm_step(x, state, weights, proj):
@@ -267,7 +274,7 @@ _FUSED_GRU_MAX_WIDTH = 4096
 
 
 def _pick_backend(rnn: nn.Module, device: torch.device, reset: torch.Tensor) -> str:
-    if hasattr(rnn, "linear_coefficients"):
+    if not isinstance(rnn, (nn.GRU, nn.LSTM)) and hasattr(rnn, "linear_coefficients"):
         return "scan"
     if _under_func_transform():
         return "loop"
@@ -325,7 +332,8 @@ def _expanded_reset_state(reset_state, layout: _Layout, batch: int, time: int):
     given = [list(v.shape) for v in reset_state]
     fits = all(v.dim() in (len(shape), len(shape) + 2) for v, shape in zip(reset_state, layout.shapes))
     try:
-        reset_state = tuple(v.expand(batch, time, *shape) for v, shape in zip(reset_state, layout.shapes))
+        reset_state = tuple(v if v.shape == (batch, time, *shape) else v.expand(batch, time, *shape)
+                            for v, shape in zip(reset_state, layout.shapes))
     except RuntimeError:
         fits = False
     if not fits:

@@ -27,6 +27,8 @@ to do it", Proc. IEEE, 1990).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,9 +48,10 @@ def _fused(rnn, x, reset, h0, reset_value):
     dtype = rnn.weight_hh_l0.dtype
     x, h0 = x.to(dtype), tuple(h.to(dtype) for h in h0)
     finals = []
-    with torch.autocast(x.device.type, enabled=False):
-        for layer in range(rnn.num_layers):
-            weights = [getattr(rnn, f"{name}_l{layer}", None) for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    device = x.device.type
+    with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext():
+        for layer, weights in enumerate(rnn.all_weights):
+            weights = weights + [None] * (4 - len(weights))  # without biases: None
             values = [None] * len(h0) if reset_value is None else [v[:, :, layer].to(dtype) for v in reset_value]
             x, *last = layer_fn.apply(x, reset, *[h[:, layer] for h in h0], *values, *weights)
             finals.append(last)

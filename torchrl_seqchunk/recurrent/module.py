@@ -301,22 +301,25 @@ class ResetRNN(TensorDictModuleBase):
     def _dtype(self) -> torch.dtype:
         """The rnn's current parameter dtype (it follows ``module.double()`` and such); its own
         first parameter where it has one (no walk over submodules: step mode reads it every step)."""
-        own = next((p for p in self.rnn._parameters.values() if p is not None), None)
-        return (own if own is not None else next(self.rnn.parameters(), torch.empty(0))).dtype
+        for own in self.rnn._parameters.values():
+            if own is not None:
+                return own.dtype
+        return next(self.rnn.parameters(), torch.empty(0)).dtype
 
-    def _get(self, tensordict: TensorDictBase, key, option: str) -> torch.Tensor:
+    def _get(self, tensordict, key, option: str) -> torch.Tensor:
         try:
             value = tensordict.get(key, None)
         except (ValueError, AttributeError):  # a tensor where the key nests under it
             value = None
         if value is None:
+            held = tensordict.keys(True, True) if isinstance(tensordict, TensorDictBase) else tensordict.keys()
             flat = isinstance(key, tuple) and isinstance(tensordict.get(key[0], None), torch.Tensor)
             hint = (f" ({key[0]!r} is a tensor: for a state of several entries stored under one "
                     "flat key each, as TorchRL's LSTMModule stores h and c, give a list, e.g. "
                     f"{option}=['recurrent_state_h', 'recurrent_state_c'])") if flat else ""
             raise ValueError(
                 f"key {key!r} not found in the input TensorDict (its keys: "
-                f"{sorted(map(str, tensordict.keys(True, True)))}); pass {option}= naming the "
+                f"{sorted(map(str, held))}); pass {option}= naming the "
                 f"entry the data holds{hint}."
             )
         return value
@@ -413,7 +416,21 @@ class ResetRNN(TensorDictModuleBase):
                 "with batch []; give it a batch [T] or [B, T], or call it in step mode "
                 "(torchrl.modules.set_recurrent_mode(False))."
             )
-        rows = tensordict.reshape(shape[:-1].numel(), shape[-1])  # also for 0 rows or steps
+        # a [B, T] batch is read as it is; others as rows [B, T] (also for 0 rows or steps)
+        rows = tensordict if len(shape) == 2 else tensordict.reshape(shape[:-1].numel(), shape[-1])
+        y = self._unroll_rows(rows, shape, chunk=tensordict)
+        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
+        return tensordict
+
+    def _unroll_rows(self, rows, shape, *, chunk: TensorDictBase | None = None):
+        """Sequence mode on rows ``[B, T]``: what it writes at ``out_key``, ``[B, T, H_out]``.
+
+        ``rows`` holds the inputs as ``[B, T, ...]`` entries: a TensorDict, or a ``dict`` from
+        keys (as ``unravel_key`` gives them) to tensors, the plain-tensor path of a module with
+        ``carry=False`` (a carrying module marks ``chunk``, the TensorDict it was called on).
+        ``shape`` is the batch the rows came from (``[B, T]``, ``[T]``, or more leading dims
+        flattened into ``B``). Raises as sequence mode does.
+        """
         x = self._get(rows, self.in_key, "in_key")
         batch = x.shape[0]
         flag_key = self.is_first_key  # else TorchRL's is_init, where [B, T] data holds only that
@@ -470,11 +487,9 @@ class ResetRNN(TensorDictModuleBase):
                 )
             if batch:  # a pass over no row (B = 0) leaves the streams' carry as it was
                 self._carry = tuple(h.detach() for h in h_last)
-            mark_chunk(tensordict, self.start_keys, h0, flag_key, (self._start_token_key, self._start_step_key),
+            mark_chunk(chunk, self.start_keys, h0, flag_key, (self._start_token_key, self._start_step_key),
                        id(self))
-        y = self._layout.output(y)
-        tensordict.set(self.out_key, y.reshape(*shape, *y.shape[2:]))
-        return tensordict
+        return self._layout.output(y)
 
     def step(self, x: torch.Tensor, state, reset: torch.Tensor) -> tuple:
         """One step of each env on plain tensors: step mode without a TensorDict.

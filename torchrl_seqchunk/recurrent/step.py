@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from torch import nn
 
-from .backends import _check_inputs, _layer_steps
+from .backends import _check_inputs, _layer_steps, _layer_weights, _native_step
 from .state import _Layout, _reset_mask
 
 
@@ -93,14 +93,13 @@ def step_once(rnn: nn.Module, layout: _Layout, x: torch.Tensor, state: tuple) ->
         weight = rnn.weight_ih_l0 if isinstance(rnn, nn.RNNBase) else rnn.weight_ih
         if x.shape[-1] != rnn.input_size or x.dtype != weight.dtype:
             _check_inputs(rnn, x, state, None)  # raises, unless autocast takes the dtype
-    steps = _layer_steps(rnn, layout)
     if not isinstance(rnn, nn.RNNBase):  # a cell: its state is its output
-        new = steps[0](x, state)
+        new = _layer_steps(rnn, layout)[0](x, state)
         return layout.structure(new[: layout.outputs]) if layout.kind == "tensordict" else new[0], new
     layers = []
-    for layer, step in enumerate(steps):
+    for layer, weights in enumerate(_layer_weights(rnn)):
         if layer and rnn.dropout > 0 and rnn.training:
             x = F.dropout(x, rnn.dropout, True)
-        layers.append(step(x, tuple(s[:, layer] for s in state)))
+        layers.append(_native_step(rnn, x, tuple(s[:, layer] for s in state), weights))
         x = layers[-1][0]
     return x, tuple(torch.stack(parts, 1) for parts in zip(*layers))
