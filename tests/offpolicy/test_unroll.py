@@ -384,9 +384,10 @@ def test_stored_and_zero_initial_states():
     zero = RecurrentDQNLoss(net, rnn, initial_state="zero", delay_value=False, double_dqn=False)
     h0 = (td["q_state"][:, 0],)
     want = unroll_with_next(net, rnn, td, h0).values
-    assert torch.equal(stored._start(td, "online")[0], h0[0]) and zero._start(td, "online") is None
+    start = stored.carries.start("online", td, rnn, None)
+    assert torch.equal(start[0], h0[0]) and zero.carries.start("online", td, rnn, None) is None
     with stored.value_network_params.to_module(net):
-        torch.testing.assert_close(unroll_with_next(net, rnn, td, stored._start(td, "online")).values, want)
+        torch.testing.assert_close(unroll_with_next(net, rnn, td, start).values, want)
 
 
 def test_a_pass_without_bootstrap_gives_the_values_and_final_state_only():
@@ -538,3 +539,4 @@ def test_mask_key_drops_the_same_steps_from_the_loss_and_the_td_error():
     gap = ((q * td["action"]).sum(-1) - want)[kept]
     torch.testing.assert_close(out["loss"], (gap ** 2).mean())
     torch.testing.assert_close(out["td_error"], gap.abs().mean())
+
