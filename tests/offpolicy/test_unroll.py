@@ -540,3 +540,20 @@ def test_mask_key_drops_the_same_steps_from_the_loss_and_the_td_error():
     torch.testing.assert_close(out["loss"], (gap ** 2).mean())
     torch.testing.assert_close(out["td_error"], gap.abs().mean())
 
+
+def test_a_list_of_value_keys_gives_tensordicts_of_each_keys_values():
+    net, rnn = q_network("lstm")
+    td = make_chunk()
+    _, next_values, _ = reference(net, rnn, td, lambda b: zeros(2))
+    both = unroll_with_next(net, rnn, td, value_key=["action_value", "features"])
+    one = unroll_with_next(net, rnn, td)
+    assert both.values.batch_size == both.next_values.batch_size == td.batch_size
+    torch.testing.assert_close(both.values["action_value"], one.values)
+    torch.testing.assert_close(both.next_values["action_value"], one.next_values)
+    live = ~td["next", "terminated"].squeeze(-1)
+    torch.testing.assert_close(both.next_values["action_value"][live], next_values[live])
+    assert both.values["features"].shape == (3, 9, HIDDEN)
+    bare = unroll_with_next(net, rnn, td, value_key=["action_value"], bootstrap=False)
+    assert bare.next_values is None and torch.equal(bare.values["action_value"], one.values)
+    with pytest.raises(ValueError, match="value_key is an empty list"):
+        unroll_with_next(net, rnn, td, value_key=[])
