@@ -96,9 +96,12 @@ def test_window_steps_outside_the_records_are_episodes_of_their_own_out_of_the_l
 
 @pytest.mark.slow
 def test_streams_learns_pendulum_p_within_minutes(tmp_path):
-    """From about -1250 (a random policy's deterministic mean on Pendulum-P) to well above it."""
-    cfg = recurrent_sac.Config(total_frames=6000, learning_starts=1000, replay_ratio=512.0, eval_every=2000,
+    """From about -1250 (the untrained policy's deterministic return on Pendulum-P, -1150 to -1450
+    at the first evaluations of every run so far) to above -1000 in 2,560 gradient steps (about
+    two minutes on an idle 2-core CPU), with a faster-learning setting than the defaults (a higher
+    learning rate, a lower initial temperature)."""
+    cfg = recurrent_sac.Config(total_frames=6000, learning_starts=1000, lr=1e-3, alpha_init=0.1, eval_every=2000,
                                runs_dir=str(tmp_path), progress=False)
     rows, _ = recurrent_sac.train(cfg)
-    evals = [r["eval_return"] for r in rows if not math.isnan(r["eval_return"])]
-    assert evals[-1] > -900, evals
+    evals = [r["eval_return"] for r in rows if r["eval_frames"]]
+    assert rows[-1]["grad_steps"] == cfg.planned_grad_steps == 2560 and evals[-1] > -1000, sorted(set(evals))
