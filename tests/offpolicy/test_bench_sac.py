@@ -56,3 +56,12 @@ def test_tiny_grid_writes_its_tables_and_ratios(tmp_path):
     assert [int(r["frames"]) for r in evals] == [256, 512]
     assert float(summary[0]["final_return"]) == float(evals[-1]["return_mean"])  # the last fifth of 2 points: 1
     assert (tmp_path / "sac.png").stat().st_size > 5000
+
+
+def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
+    pytest.importorskip("sb3_contrib")
+    args = mock.Mock(frames=4096, eval_every=1024, eval_episodes=2)  # one rollout of 4 envs x 1024 steps
+    evals, summary = bench_sac.run_sb3("pendulum_p", 1, args)
+    assert [e["frames"] for e in evals] == [1024, 2048, 3072, 4096]
+    assert all(-16.3 * 200 <= e["return_mean"] <= 0 for e in evals)
+    assert summary["final_return"] == evals[-1]["return_mean"]  # the last fifth of 4 points: 1
