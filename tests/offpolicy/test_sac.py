@@ -316,3 +316,25 @@ def test_bad_networks_are_named():
     loss = RecurrentSACLoss(actor, actor_rnn, critic, critic_rnn, head, num_qvalue_nets=3)
     first, *others = (list(h.parameters())[0] for h in loss.qvalue_network.heads)
     assert len(others) == 2 and all(not torch.equal(first, o) for o in others)  # re-initialized copies
+
+
+def test_the_carries_travel_in_the_state_dict_and_reset_carry_forgets_them():
+    loss = sac_loss()
+    td = make_chunk()
+    loss(td[:, :5])
+    resumed = sac_loss()
+    resumed.load_state_dict(loss.state_dict())
+    for name in ("actor", "critic", "target_critic"):
+        assert torch.equal(resumed.carries.states[name][0], loss.carries.states[name][0])
+    outs = []
+    for each in (loss, resumed):
+        torch.manual_seed(3)
+        outs.append(each(td[:, 5:])["value_target"])
+    torch.testing.assert_close(outs[0], outs[1])
+    loss.reset_carry(torch.tensor([True, False, False, False]))
+    assert not loss.carries.states["actor"][0][0].any() and loss.carries.states["actor"][0][1].any()
+    loss.reset_carry()
+    assert all(state is None for state in loss.carries.states.values())
+    with pytest.raises(ValueError, match="action_key='action' is not in the batch"):
+        loss(td.exclude("action"))
+    assert all(state is None for state in loss.carries.states.values())  # refused before any pass

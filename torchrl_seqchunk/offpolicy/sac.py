@@ -289,6 +289,8 @@ class RecurrentSACLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         actor_rnn, critic_rnn = self.rnns
+        if self.keys["action"] not in tensordict.keys(True):  # before any pass moves a carry
+            raise ValueError(f"action_key={self.keys['action']!r} is not in the batch; store the actions taken.")
         warm, tensordict = self.carries.split(tensordict, actor_rnn.is_first_key)
         streams, ended = self.carries.streams(tensordict), self.carries.ends(tensordict)
         common = dict(tensordict=tensordict, warm=warm, streams=streams, ended=ended)
@@ -299,10 +301,7 @@ class RecurrentSACLoss(LossModule):
         with self.qvalue_network_params.to_module(self.qvalue_network, preserve_module_state=False):
             critic = self.carries.unroll("critic", self.qvalue_network.encoder, critic_rnn, bootstrap=False,
                                          **critic_keys, **common)
-            action = tensordict.get(self.keys["action"], None)
-            if action is None:
-                raise ValueError(f"action_key={self.keys['action']!r} is not in the batch; store the actions taken.")
-            chosen = self._q(critic.values, action)  # [n, B, T, 1]
+            chosen = self._q(critic.values, tensordict.get(self.keys["action"]))  # [n, B, T, 1]
         alpha = self.alpha
         with torch.no_grad():
             with self.target_qvalue_network_params.to_module(self.qvalue_network, preserve_module_state=False):
