@@ -22,6 +22,7 @@ _EXPORTS = {
     "boundary_nstep_targets": "offpolicy.targets",
     "unroll_with_next": "offpolicy.unroll",
     "RecurrentDQNLoss": "offpolicy.loss",
+    "RecurrentSACLoss": "offpolicy.sac",
     "Demo": "curriculum.demo",
     "record_demo": "curriculum.demo",
     "ResetManager": "curriculum.manager",

@@ -384,9 +384,10 @@ def test_stored_and_zero_initial_states():
     zero = RecurrentDQNLoss(net, rnn, initial_state="zero", delay_value=False, double_dqn=False)
     h0 = (td["q_state"][:, 0],)
     want = unroll_with_next(net, rnn, td, h0).values
-    assert torch.equal(stored._start(td, "online")[0], h0[0]) and zero._start(td, "online") is None
+    start = stored.carries.start("online", td, rnn, None)
+    assert torch.equal(start[0], h0[0]) and zero.carries.start("online", td, rnn, None) is None
     with stored.value_network_params.to_module(net):
-        torch.testing.assert_close(unroll_with_next(net, rnn, td, stored._start(td, "online")).values, want)
+        torch.testing.assert_close(unroll_with_next(net, rnn, td, start).values, want)
 
 
 def test_a_pass_without_bootstrap_gives_the_values_and_final_state_only():
@@ -540,38 +541,19 @@ def test_mask_key_drops_the_same_steps_from_the_loss_and_the_td_error():
     torch.testing.assert_close(out["td_error"], gap.abs().mean())
 
 
-def test_the_networks_run_with_their_parameters_held_not_swapped_in_at_each_call(monkeypatch):
-    # the online network holds its own parameters, the target pass a copy holding the target ones (moved by
-    # the updaters in place): after the first call no parameters are swapped in, and the losses are those of
-    # the network run with each set swapped in, TorchRL's way
-    from tensordict import TensorDictBase
-    from torchrl.objectives import SoftUpdate
-
-    net, rnn = q_network()
-    loss, reference = (RecurrentDQNLoss(net, rnn, gamma=0.9, n_steps=2) for _ in range(2))
-    updater = SoftUpdate(loss, tau=0.5)
-    HardUpdate(reference, value_network_update_interval=1000)
-    reference.target_value_network_params = loss.target_value_network_params  # one set of target parameters
+def test_a_list_of_value_keys_gives_tensordicts_of_each_keys_values():
+    net, rnn = q_network("lstm")
     td = make_chunk()
-    loss(td.clone())
-    swaps = []
-    to_module = TensorDictBase.to_module
-    monkeypatch.setattr(TensorDictBase, "to_module", lambda *a, **k: swaps.append(1) or to_module(*a, **k))
-    with torch.no_grad():
-        for p in loss.value_network_params.values(True, True):
-            p.add_(0.3 * torch.randn_like(p))
-    updater.step()  # the target parameters move in place, towards the changed online ones
-    loss._carries = {name: None for name in loss._carries}
-    out = loss(td.clone())
-    assert swaps == []
-    monkeypatch.setattr(reference, "_network", lambda name: (net, rnn, (
-        reference.value_network_params if name == "online" else reference.target_value_network_params
-    ).to_module(net, preserve_module_state=False)))
-    want = reference(td.clone())
-    assert swaps
-    for key in ("loss", "td_error"):
-        torch.testing.assert_close(out[key], want[key], rtol=0, atol=0)
-    loss.diagnostics = False
-    assert list(loss(td.clone()).keys()) == ["loss"]
-    with pytest.raises(TypeError, match="diagnostics must be a bool"):
-        RecurrentDQNLoss(net, rnn, diagnostics="yes")
+    _, next_values, _ = reference(net, rnn, td, lambda b: zeros(2))
+    both = unroll_with_next(net, rnn, td, value_key=["action_value", "features"])
+    one = unroll_with_next(net, rnn, td)
+    assert both.values.batch_size == both.next_values.batch_size == td.batch_size
+    torch.testing.assert_close(both.values["action_value"], one.values)
+    torch.testing.assert_close(both.next_values["action_value"], one.next_values)
+    live = ~td["next", "terminated"].squeeze(-1)
+    torch.testing.assert_close(both.next_values["action_value"][live], next_values[live])
+    assert both.values["features"].shape == (3, 9, HIDDEN)
+    bare = unroll_with_next(net, rnn, td, value_key=["action_value"], bootstrap=False)
+    assert bare.next_values is None and torch.equal(bare.values["action_value"], one.values)
+    with pytest.raises(ValueError, match="value_key is an empty list"):
+        unroll_with_next(net, rnn, td, value_key=[])

@@ -11,38 +11,19 @@ that a batch may hold any of the streams (e.g. ``P`` streams trained ``B`` rows 
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-
 import torch
-from tensordict import TensorDict, TensorDictBase, unravel_key
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictParams
 from tensordict.utils import NestedKey
 from torchrl.objectives import LossModule
 from torchrl.objectives.utils import distance_loss
 
-from .._boundaries import read_entry
 from .._checks import check_int, check_real
-from ..collect.policy import Watch
-from ..recurrent.torchrl_modules import TORCHRL_RNNS, warn_uncarried
+from ..recurrent.torchrl_modules import warn_uncarried
+from .carry import Carries, check_rnn, kept_mean
 from .targets import boundary_nstep_targets
-from .unroll import unroll_with_next
 
 __all__ = ["RecurrentDQNLoss"]
-
-_INITIAL_STATES = ("carry", "stored", "zero")
-_MAX_STREAMS = 2**20  # stream ids index a dense table of carries
-
-
-def _is_key(key) -> bool:
-    """A TensorDict key: a str, or a non-empty tuple of keys."""
-    return isinstance(key, str) or (isinstance(key, tuple) and bool(key) and all(map(_is_key, key)))
-
-
-def _kept_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The mean of ``x`` ``[B, T, 1]`` over the steps where ``mask`` (of ``x``'s shape and dtype)
-    is 1 (0 where it keeps none); over every step where ``mask`` is ``None``."""
-    return x.mean() if mask is None else (x * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 class RecurrentDQNLoss(LossModule):
@@ -123,8 +104,6 @@ class RecurrentDQNLoss(LossModule):
             before the row's last ``K`` steps (one more unroll without gradient over the
             steps before them, per network). Batches then need more than ``2 K`` steps per
             row. Default ``False``.
-        diagnostics (bool): compute ``"td_error"`` and ``"recurrent_steps"`` (settable, e.g. to
-            log one step in many); ``False``: ``"loss"`` alone. Default ``True``.
         action_key, action_value_key, reward_key, done_key, terminated_key,
         truncated_key (NestedKey): TorchRL's keys.
 
@@ -132,7 +111,7 @@ class RecurrentDQNLoss(LossModule):
         TensorDict with ``"loss"`` (scalar), ``"td_error"`` (mean absolute, detached; both over the
         steps ``mask_key`` keeps, 0 where it keeps none) and
         ``"recurrent_steps"`` (recurrent steps computed by both networks, burn-in and the
-        unroll before an overlap included, ``int64``); ``"loss"`` alone without ``diagnostics``.
+        unroll before an overlap included, ``int64``).
 
     Raises:
         TypeError / ValueError: bad options (construction); at call time, a carried
@@ -191,7 +170,6 @@ class RecurrentDQNLoss(LossModule):
         burn_in: int = 0,
         stream_key: NestedKey | None = None,
         overlap: bool = False,
-        diagnostics: bool = True,
         action_key: NestedKey = "action",
         action_value_key: NestedKey = "action_value",
         reward_key: NestedKey = ("next", "reward"),
@@ -203,56 +181,24 @@ class RecurrentDQNLoss(LossModule):
         self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
         self.n_steps = check_int("n_steps", n_steps, low=1)
         self.burn_in = check_int("burn_in", burn_in, low=0)
-        if initial_state not in _INITIAL_STATES:
-            raise ValueError(f"initial_state must be one of {_INITIAL_STATES}, got {initial_state!r}.")
         if action_space not in ("one_hot", "categorical"):
             raise ValueError(f"action_space must be 'one_hot' or 'categorical', got {action_space!r}.")
         if loss_function not in ("l2", "l1", "smooth_l1"):
             raise ValueError(f"loss_function must be 'l2', 'l1' or 'smooth_l1', got {loss_function!r}.")
         if double_dqn and not delay_value:
             raise ValueError("double_dqn=True needs delay_value=True (a target network).")
-        if isinstance(rnn, TORCHRL_RNNS):
-            raise TypeError(
-                f"rnn is a TorchRL {type(rnn).__name__}, which restarts every chunk from the stored "
-                "state (no carry); wrap it, rnn = ResetRNN(module, reset_state_key=module.in_keys[1:-1]) "
-                "(its weights, keys and backend kept), and put rnn in value_network in its place."
-            )
-        if getattr(rnn, "reset_state_keys", None) is None or not getattr(rnn, "carry", False):
-            raise ValueError(
-                "rnn must be a ResetRNN with carry=True and a reset_state_key, e.g. "
-                "ResetRNN(gru, state_key='q_state', reset_state_key='q_state')."
-            )
-        if rnn.initial is not None:
-            raise ValueError(
-                "rnn has initial_state='learned', but the loss resets every episode start to zeros (or "
-                "the stored memory), so the learned state would never be trained and the Q-network "
-                "would act from another memory than it learns from; build it with initial_state='zeros'."
-            )
+        check_rnn(rnn, "rnn", "value_network")
+        self.carries = Carries(["online", "target"], initial_state=initial_state, burn_in=self.burn_in,
+                               overlap=overlap, stream_key=stream_key, done_key=done_key,
+                               terminated_key=terminated_key, truncated_key=truncated_key)
         self.double_dqn, self.delay_value = bool(double_dqn), bool(delay_value)
         self.initial_state, self.loss_function, self.action_space = initial_state, loss_function, action_space
-        if stream_key is not None:
-            if initial_state != "carry":
-                raise ValueError(f"stream_key applies to initial_state='carry' only, got initial_state={initial_state!r}.")
-            if not _is_key(stream_key):
-                raise TypeError(f"stream_key must be a key (a str or a tuple of str), got {stream_key!r}.")
-            stream_key = unravel_key(stream_key)
-        if not isinstance(overlap, bool):
-            raise TypeError(f"overlap must be a bool, got {overlap!r}.")
-        if overlap and (initial_state != "carry" or not self.burn_in):
-            raise ValueError(f"overlap=True needs initial_state='carry' and burn_in >= 1 (the steps the batches of a "
-                             f"stream share), got initial_state={initial_state!r}, burn_in={self.burn_in}.")
-        self.mask_key, self.stream_key, self.overlap = mask_key, stream_key, overlap
-        if not isinstance(diagnostics, bool):
-            raise TypeError(f"diagnostics must be a bool, got {diagnostics!r}.")
-        self.diagnostics = diagnostics
+        self.mask_key, self.stream_key, self.overlap = mask_key, self.carries.stream_key, overlap
         self.keys = dict(action=action_key, action_value=action_value_key, reward=reward_key,
                          done=done_key, terminated=terminated_key, truncated=truncated_key)
         self.rnn = [rnn]  # a list: not a second registration of the network's submodule
         warn_uncarried(value_network, "RecurrentDQNLoss")
         self.convert_to_functional(value_network, "value_network", create_target_params=self.delay_value)
-        self._carries = {"online": None, "target": None}
-        # (the target parameters, a copy of the network holding them, its ResetRNN, the network's Watch); unregistered
-        self.__dict__["_target_network"] = None
 
     # -- carry ---------------------------------------------------------------
     def reset_carry(self, mask: torch.Tensor | None = None) -> None:
@@ -262,166 +208,24 @@ class RecurrentDQNLoss(LossModule):
 
         Raises:
             ValueError: without ``stream_key``, a mask of other than ``B`` entries."""
-        for name, carry in self._carries.items():
-            if carry is None or mask is None:
-                self._carries[name] = None
-                continue
-            keep, rows = ~mask.reshape(-1).bool(), carry[0].shape[0]
-            if self.stream_key is not None:  # the table holds the ids seen so far; past them, nothing to forget
-                keep = torch.cat([keep[:rows], keep.new_ones(max(rows - keep.numel(), 0))])
-            elif keep.numel() != rows:
-                raise ValueError(f"mask has {keep.numel()} entries, the carry {rows} rows (one per batch row).")
-            self._carries[name] = tuple(
-                h * keep.view(-1, *[1] * (h.dim() - 1)).to(h) for h in carry
-            )
+        self.carries.reset(mask)
+
+    @property
+    def _carries(self) -> dict:
+        """The carried states by network name (``"online"``, ``"target"``)."""
+        return self.carries.states
+
+    @_carries.setter
+    def _carries(self, states: dict) -> None:
+        self.carries.states = dict(states)
 
     def get_extra_state(self):
-        return {"carries": {k: None if v is None else list(v) for k, v in self._carries.items()}}
+        return self.carries.state()
 
     def set_extra_state(self, state) -> None:
-        self._carries = {k: None if v is None else tuple(v) for k, v in state["carries"].items()}
-
-    def _start(self, tensordict: TensorDictBase, name: str, streams: torch.Tensor | None = None):
-        if self.initial_state == "zero":
-            return None
-        if self.initial_state == "stored":
-            missing = [k for k in self.rnn[0].state_keys if k not in tensordict.keys(True)]
-            if missing:
-                raise ValueError(
-                    f"initial_state='stored' starts every row from the memory stored at its first step, "
-                    f"but the batch has no {missing}: store the acting ResetRNN's state keys in the replay, "
-                    "or use initial_state='zero'."
-                )
-            return tuple(tensordict.get(k)[:, 0] for k in self.rnn[0].state_keys)
-        carry = self._carries[name]
-        if streams is not None:
-            if carry is None:
-                return None
-            known = (streams < carry[0].shape[0]).view(-1, *[1] * (carry[0].dim() - 1))
-            return tuple(torch.where(known, h[streams.clamp(max=h.shape[0] - 1)], 0.0) for h in carry)
-        if carry is not None and carry[0].shape[0] != tensordict.shape[0]:
-            raise ValueError(
-                f"the carried state holds {carry[0].shape[0]} rows but the batch has "
-                f"{tensordict.shape[0]}; call reset_carry() when the number of streams changes."
-            )
-        return carry
-
-    def _streams(self, tensordict: TensorDictBase) -> torch.Tensor | None:
-        """The stream id of every row, long ``[B]``; ``None`` without ``stream_key``."""
-        if self.stream_key is None:
-            return None
-        ids = tensordict.get(self.stream_key, None)
-        if ids is None:
-            raise ValueError(f"stream_key={self.stream_key!r} is not in the batch: write each row's stream id "
-                             "there (e.g. torch.arange(P) for the rows of a [P, T] chunk), or pass stream_key=None.")
-        if ids.is_floating_point() or ids.dtype == torch.bool:
-            raise TypeError(f"the stream ids at {self.stream_key!r} must be integers, got {ids.dtype}.")
-        rows = ids.reshape(tensordict.shape[0], -1).long()
-        streams = rows[:, 0]
-        changes = bool((rows != streams.unsqueeze(1)).any())
-        outside = bool((streams < 0).any()) or bool((streams >= _MAX_STREAMS).any())
-        if changes or outside or streams.unique().numel() != streams.numel():
-            raise ValueError(f"the stream ids at {self.stream_key!r} must be in [0, 2**20) (they index a table of "
-                             "carries: number the streams 0..P-1), the same along each row and differ between "
-                             f"rows (one carry per stream), got {streams.tolist()}.")
-        return streams
-
-    def _keep(self, name: str, final: tuple, streams: torch.Tensor | None) -> None:
-        """Stores the carry of ``name``: the rows' final states, in the table of streams with ids."""
-        if streams is None:
-            self._carries[name] = final
-            return
-        table = self._carries[name]
-        size = max(int(streams.max()) + 1, 0 if table is None else table[0].shape[0])
-        grown = []
-        for i, h in enumerate(final):
-            new = h.new_zeros(size, *h.shape[1:])
-            if table is not None:
-                new[: table[i].shape[0]] = table[i]
-            new[streams] = h
-            grown.append(new)
-        self._carries[name] = tuple(grown)
-
-    # -- networks ------------------------------------------------------------
-    def _network(self, name: str):
-        """``(network, rnn, context)`` that run with the parameters of ``name``: the value network
-        itself while the online parameters are its own (as ``convert_to_functional`` leaves them);
-        for the target parameters, a copy of it holding them as its own, made once (again when
-        they are replaced, e.g. by ``to()``), which the target updaters move in place. Elsewhere
-        the parameters are swapped in for the call, as TorchRL's losses do."""
-        network, rnn = self.value_network, self.rnn[0]
-        params = self.value_network_params if name == "online" else self.target_value_network_params
-        leaves = list(params.values(True, True))
-        if name == "online":
-            if all(a is b for a, b in zip(leaves, network.parameters(), strict=True)):
-                return network, rnn, contextlib.nullcontext()
-            return network, rnn, params.to_module(network, preserve_module_state=False)
-        bound = self._target_network
-        if (bound is None or len(bound[0]) != len(leaves) or any(a is not b for a, b in zip(bound[0], leaves))
-                or bound[3].changed()):
-            target = copy.deepcopy(network)
-            params.to_module(target)  # for good: the copy's parameters are the target parameters
-            target_rnn = next(t for t, m in zip(target.modules(), network.modules()) if m is rnn)
-            self.__dict__["_target_network"] = bound = (leaves, target, target_rnn, Watch(network))
-        return bound[1], bound[2], contextlib.nullcontext()
+        self.carries.load(state)
 
     # -- loss ----------------------------------------------------------------
-    def _unroll(self, tensordict: TensorDictBase, name: str, warm: TensorDictBase | None,
-                streams: torch.Tensor | None, ended: torch.Tensor | None):
-        start = self._start(tensordict if warm is None else warm, name, streams)
-        burnt = 0
-        network, rnn, context = self._network(name)
-        with context:
-            if warm is not None:
-                with torch.no_grad():
-                    warmed = unroll_with_next(network, rnn, warm, start, bootstrap=False,
-                                              value_key=self.keys["action_value"], done_key=self.keys["done"])
-                start, burnt = warmed.final_state, warmed.recurrent_steps
-            out = unroll_with_next(
-                network, rnn, tensordict, start,
-                value_key=self.keys["action_value"], terminated_key=self.keys["terminated"],
-                done_key=self.keys["done"], truncated_key=self.keys["truncated"],
-            )
-            final = out.final_state
-            if self.overlap:  # the state before the last K steps, which the next batch burns in again
-                with torch.no_grad():
-                    before = unroll_with_next(network, rnn, tensordict[:, : -self.burn_in],
-                                              start, bootstrap=False, value_key=self.keys["action_value"],
-                                              done_key=self.keys["done"])
-                final, burnt = before.final_state, burnt + before.recurrent_steps
-        if self.initial_state == "carry":  # a row whose carry point ends an episode carries zeros
-            self._keep(name, tuple(h.detach().masked_fill(ended.view(-1, *[1] * (h.dim() - 1)), 0.0)
-                                   for h in final), streams)
-        return out._replace(recurrent_steps=out.recurrent_steps + burnt)
-
-    def _carry_ends(self, tensordict: TensorDictBase) -> torch.Tensor | None:
-        """bool ``[B]``: the rows whose carry point (the last step; with ``overlap``, ``burn_in``
-        steps before it) ends an episode; ``None`` without a carry."""
-        if self.initial_state != "carry":
-            return None
-        done = read_entry(tensordict, "done_key", self.keys["done"], flag=True, required=True)
-        return done[:, -1 - (self.burn_in if self.overlap else 0)].reshape(-1)
-
-    def _split(self, tensordict: TensorDictBase):
-        """``(burn-in steps or None, the rest)``; an episode ending at the burn-in's last step
-        starts a new one at the rest's first."""
-        if not self.burn_in:
-            return None, tensordict
-        needed = (2 if self.overlap else 1) * self.burn_in
-        if tensordict.shape[1] <= needed:
-            raise ValueError(
-                f"the batch has {tensordict.shape[1]} steps per row, burn_in={self.burn_in} leaves "
-                + ("no step before the overlap with the next batch: sample longer chunks or lower burn_in."
-                   if self.overlap and tensordict.shape[1] > self.burn_in else
-                   "none for the loss: sample longer sequences or lower burn_in.")
-            )
-        warm, rest = tensordict[:, : self.burn_in], tensordict[:, self.burn_in:].clone(False)
-        first_key = self.rnn[0].is_first_key
-        first = read_entry(rest, "is_first_key", first_key, flag=True, required=True).clone()  # [B, T - K, 1]
-        first[:, 0] |= read_entry(warm, "done_key", self.keys["done"], flag=True, required=True)[:, -1]
-        rest.set(first_key, first)
-        return warm, rest
-
     def _pick(self, values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Q of the taken action ``[B, T, 1]``; a ValueError for actions of another shape than
         ``action_space`` says (a broadcast would give a wrong value without an error)."""
@@ -455,14 +259,19 @@ class RecurrentDQNLoss(LossModule):
                              f"last dim), got {int(action.min())} to {int(action.max())}.")
         return values.gather(-1, action.reshape(*values.shape[:-1], 1).long())
 
+    def _unroll(self, params, tensordict: TensorDictBase, name: str, warm, streams, ended):
+        with params.to_module(self.value_network, preserve_module_state=False):
+            return self.carries.unroll(name, self.value_network, self.rnn[0], tensordict, warm, streams, ended,
+                                       value_key=self.keys["action_value"])
+
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        warm, tensordict = self._split(tensordict)
-        streams = self._streams(tensordict)  # one read for both networks
-        ended = self._carry_ends(tensordict)
-        online = self._unroll(tensordict, "online", warm, streams, ended)
+        warm, tensordict = self.carries.split(tensordict, self.rnn[0].is_first_key)
+        streams = self.carries.streams(tensordict)  # one read for both networks
+        ended = self.carries.ends(tensordict)
+        online = self._unroll(self.value_network_params, tensordict, "online", warm, streams, ended)
         with torch.no_grad():
             if self.delay_value:
-                target = self._unroll(tensordict, "target", warm, streams, ended)
+                target = self._unroll(self.target_value_network_params, tensordict, "target", warm, streams, ended)
             else:
                 target = online
             target_next = target.next_values.detach()
@@ -483,8 +292,8 @@ class RecurrentDQNLoss(LossModule):
         value_target = work.get("value_target")
         mask = None if self.mask_key is None else tensordict.get(self.mask_key).reshape(chosen.shape).to(chosen.dtype)
         steps = online.recurrent_steps + (target.recurrent_steps if self.delay_value else 0)
-        out = TensorDict(loss=_kept_mean(distance_loss(chosen, value_target, self.loss_function), mask))
-        if self.diagnostics:
-            out.set("td_error", _kept_mean((chosen - value_target).abs().detach(), mask))
-            out.set("recurrent_steps", torch.tensor(steps))
-        return out
+        return TensorDict(
+            loss=kept_mean(distance_loss(chosen, value_target, self.loss_function), mask),
+            td_error=kept_mean((chosen - value_target).abs().detach(), mask),
+            recurrent_steps=torch.tensor(steps),
+        )

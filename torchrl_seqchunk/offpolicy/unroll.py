@@ -37,17 +37,18 @@ class Unroll(NamedTuple):
     """What :func:`unroll_with_next` returns.
 
     Attributes:
-        values (Tensor): ``network``'s ``value_key`` at every step, ``[B, T, *V]``.
-        next_values (Tensor or None): its value at the observation each step reaches, under
-            the memory after that step, ``[B, T, *V]`` (arbitrary after a terminated step);
+        values (Tensor or TensorDict): ``network``'s ``value_key`` at every step, ``[B, T, *V]``
+            (a TensorDict ``[B, T]`` of the keys where ``value_key`` is a list).
+        next_values (Tensor, TensorDict or None): its value at the observation each step reaches,
+            under the memory after that step, ``[B, T, *V]`` (arbitrary after a terminated step);
             ``None`` from a pass with ``bootstrap=False``.
         final_state (tuple of Tensor): the state after step ``T - 1``, one ``[B, *S]``
             per entry of ``rnn.state_keys`` (what a stream carries to its next chunk).
         recurrent_steps (int): recurrent steps computed, summed over rows (padding included).
     """
 
-    values: torch.Tensor
-    next_values: torch.Tensor
+    values: torch.Tensor | TensorDictBase
+    next_values: torch.Tensor | TensorDictBase | None
     final_state: tuple
     recurrent_steps: int
 
@@ -72,7 +73,7 @@ def unroll_with_next(
     tensordict: TensorDictBase,
     initial_state: tuple | None = None,
     *,
-    value_key: NestedKey = "action_value",
+    value_key: NestedKey | list = "action_value",
     observation_keys: list | None = None,
     terminated_key: NestedKey = ("next", "terminated"),
     done_key: NestedKey = ("next", "done"),
@@ -107,7 +108,9 @@ def unroll_with_next(
             per ``rnn.state_keys`` entry; ``None``: zeros.
 
     Keyword Args:
-        value_key (NestedKey): the network's output. Default ``"action_value"``.
+        value_key (NestedKey or list of NestedKey): the network's output; a list (e.g. a
+            policy's distribution parameters ``["loc", "scale"]``) gives TensorDicts ``[B, T]``
+            of those keys. Default ``"action_value"``.
         observation_keys (list of NestedKey, optional): the step's inputs. Default: the
             network's ``in_keys`` other than the rnn's flag and state keys.
         terminated_key, done_key, truncated_key (NestedKey): TorchRL's ``"next"`` flags.
@@ -170,6 +173,8 @@ def unroll_with_next(
     observation_keys = [unravel_key(k) for k in observation_keys]
     if not observation_keys:
         raise ValueError("observation_keys is empty: name the network's inputs (e.g. ['observation']).")
+    if isinstance(value_key, list) and not value_key:
+        raise ValueError("value_key is an empty list: name the network's outputs to read (e.g. ['loc', 'scale']).")
     if initial_state is not None and not (isinstance(initial_state, (tuple, list))
                                           and all(isinstance(h, torch.Tensor) for h in initial_state)):
         raise TypeError(
@@ -255,7 +260,7 @@ def unroll_with_next(
         out = network(gathered)
         final, carried = _final_state(rnn), rnn.carried_state
         if not bootstrap:
-            return Unroll(_gather_steps(out.get(value_key), pos), None, final, batch * length)
+            return Unroll(_gather_steps(_read(out, value_key), pos), None, final, batch * length)
         end = TensorDict(
             {k: get(unravel_key(("next", k)))[:, -1:] for k in observation_keys},
             batch_size=[batch, 1],
@@ -263,15 +268,23 @@ def unroll_with_next(
         end.set(rnn.is_first_key, torch.ones(batch, 1, 1, dtype=torch.bool, device=device))
         for key, h in zip(rnn.reset_state_keys, final):
             end.set(key, h.unsqueeze(1))
-        end_value = network(end).get(value_key)  # [B, 1, *V]
+        end_value = _read(network(end), value_key)  # [B, 1, *V]
         rnn.carried_state = carried  # the carry is the state after the chunk, not after this extra step
-    value = out.get(value_key)  # [B, length, *V]
+    value = _read(out, value_key)  # [B, length, *V]
     next_pos = torch.where(insert, pos + 1, pos.roll(-1, 1))[:, :-1]
     next_values = torch.cat([_gather_steps(value, next_pos), end_value], 1)
     return Unroll(_gather_steps(value, pos), next_values, final, batch * (length + 1))
 
 
-def _gather_steps(value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``value[b, index[b, t]]``: ``value [B, L, *V]``, ``index [B, T]`` -> ``[B, T, *V]``."""
+def _read(out: TensorDictBase, value_key):
+    """The tensor at ``value_key``, or the TensorDict of the keys of a list."""
+    return out.select(*value_key) if isinstance(value_key, list) else out.get(value_key)
+
+
+def _gather_steps(value, index: torch.Tensor):
+    """``value[b, index[b, t]]``: ``value [B, L, *V]``, ``index [B, T]`` -> ``[B, T, *V]`` (each
+    entry of a TensorDict ``[B, L]``)."""
+    if isinstance(value, TensorDictBase):
+        return value.apply(lambda v: _gather_steps(v, index), batch_size=index.shape)
     shape = (*index.shape, *value.shape[2:])
     return value.gather(1, index.view(*index.shape, *[1] * (value.dim() - 2)).expand(shape))

@@ -1,0 +1,310 @@
+"""Recurrent SAC recipes side by side on Pendulum-P (cos, sin observed) and Pendulum-V (velocity only).
+
+Every run is ``examples/recurrent_sac.py`` with its defaults (or the same ``--options``) and only
+``--net`` / ``--replay`` changed, so the recipes see equal env frames and gradient steps, each of
+``B * T`` learned steps:
+
+- ``streams``: ``StreamChunkSampler(B, T)``, actor, critic and target critic each carrying its state;
+- ``sequence``: TorchRL's ``Sequence(T, "include_reset", burn_in=T/2)`` from the stored states (R2D2);
+- ``slice``: TorchRL's ``SliceSampler(slice_len=T)`` from the stored states;
+- ``ff``: TorchRL's ``SACLoss``, MLPs on the partial observation, uniform transitions;
+- ``framestack``: the same on TorchRL's ``CatFrames`` of the last 4 observations.
+
+Per run: a deterministic evaluation every ``--eval-every`` frames (``--eval-episodes`` episodes side by
+side); the final return is the mean of the last 20% of the evaluation points (pomdp-baselines'
+rule); gradient steps per second of learning time. Beside them, sb3-contrib's ``RecurrentPPO``
+(rl-zoo's ``ppo_lstm`` settings for PendulumNoVel-v1), evaluated the same way, where installed (the
+``bench`` extra); else the published figures are printed as references.
+
+Before the grid (unless ``--no-speed``; alone with ``--speed-only``) it times gradient steps per second
+of ``streams`` against ``sequence`` at burn-in 0 and ``T/2``, and ``slice``, at equal ``B, T`` on one
+buffer of random-policy steps, in interleaved rounds (median over rounds).
+
+Writes under ``--out``: ``sac.csv`` (one row per evaluation of every run), ``sac_summary.csv`` (one row
+per run), ``sac.png`` (mean and range over seeds, a panel per task); prints the table and ``RATIO`` lines:
+``cost_<recipe>_vs_streams_<task>`` (cost = minus the median final return: above 1, streams ahead)
+and ``grad_steps_per_s_streams_vs_<recipe>``.
+
+    python benchmarks/bench_sac.py                                   # 50k frames, 5 + 3 seeds: hours on a CPU
+    python benchmarks/bench_sac.py --tasks pendulum_p --recipes streams,ff,sequence --seeds 1 --frames 12000
+    python benchmarks/bench_sac.py --speed-only
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_learning import plot_runs  # benchmarks/bench_learning.py
+from tqdm import tqdm
+
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
+
+import recurrent_sac  # noqa: E402  examples/recurrent_sac.py
+
+TASKS = {"pendulum_p": ("Pendulum-v1", "0,1"), "pendulum_v": ("Pendulum-v1", "2")}
+RECIPES = {"streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
+           "ff": dict(net="ff"), "framestack": dict(net="framestack")}
+PUBLISHED = {"pendulum_p": "sb3-contrib RecurrentPPO -217.9 at 100k steps (rl-zoo)",
+             "pendulum_v": "recurrent TD3 about -180 (pomdp-baselines, Ni et al. 2022)"}
+GOAL = -180.0  # the issue's goal for streams on both tasks
+SET_HERE = ("env", "keep", "seed", "total_frames", "runs_dir", "name", "progress", "net", "replay", "burn_in")
+"""The example's fields the benchmark sets itself: sequence burns in half its windows' T."""
+
+
+def recipe_options(recipe: str, chosen: dict) -> dict:
+    """The example's options of ``recipe`` (``sequence``: burn-in ``T/2``)."""
+    if recipe != "sequence":
+        return RECIPES[recipe]
+    return {**RECIPES[recipe], "burn_in": chosen.get("seq_len", recurrent_sac.Config.seq_len) // 2}
+
+
+def final_return(evals: list[dict]) -> float:
+    """The mean return of the last 20% of the evaluation points (at least one)."""
+    last = evals[-max(1, math.ceil(0.2 * len(evals))):]
+    return statistics.mean(e["return_mean"] for e in last)
+
+
+def evaluations(rows: list[dict]) -> list[dict]:
+    """The evaluation points of a run's rows: ``{"frames", "return_mean"}`` once per evaluation."""
+    points = {}
+    for r in rows:
+        if r["eval_frames"] and not math.isnan(r["eval_return"]):
+            points[int(r["eval_frames"])] = r["eval_return"]
+    return [{"frames": f, "return_mean": v} for f, v in sorted(points.items())]
+
+
+def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
+    if recipe == "sb3":
+        return run_sb3(task, seed, args)
+    env, keep = TASKS[task]
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = recurrent_sac.Config(env=env, keep=keep, seed=seed, total_frames=args.frames, runs_dir=runs,
+                                   name="cell", progress=False, **recipe_options(recipe, args.options), **args.options)
+        rows, _ = recurrent_sac.train(cfg)
+    last, evals = rows[-1], evaluations(rows)
+    return evals, {"final_return": final_return(evals), "grad_steps": last["grad_steps"],
+                   "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9), "wall_s": last["wall_s"]}
+
+
+def run_sb3(task: str, seed: int, args) -> tuple[list[dict], dict]:
+    """sb3-contrib RecurrentPPO with rl-zoo's PendulumNoVel-v1 ``ppo_lstm`` settings, evaluated every
+    ``--eval-every`` frames on ``--eval-episodes`` deterministic episodes."""
+    import gymnasium as gym
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    from torchrl_seqchunk import MaskObservation
+
+    env_id, keep = TASKS[task]
+    make = lambda: MaskObservation(gym.make(env_id), [int(i) for i in keep.split(",")])  # noqa: E731
+    model = RecurrentPPO("MlpLstmPolicy", make_vec_env(make, n_envs=4, seed=seed), n_steps=1024, gae_lambda=0.95,
+                         gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True,
+                         sde_sample_freq=4, seed=seed, policy_kwargs=dict(
+                             ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
+                             enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
+    evals, eval_env, start = [], make_vec_env(make, n_envs=1, seed=seed + 10**6), time.perf_counter()
+
+    class Evaluate(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps // args.eval_every > len(evals):
+                mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
+                evals.append({"frames": self.num_timesteps, "return_mean": float(mean)})
+            return True
+
+    model.learn(args.frames, callback=Evaluate())
+    return evals, {"final_return": final_return(evals), "grad_steps": float("nan"), "grad_steps_per_s": float("nan"),
+                   "wall_s": time.perf_counter() - start}
+
+
+def speed(args) -> dict[str, float]:
+    """Gradient steps per second of each recipe on one buffer of random-policy steps, interleaved A/B
+    rounds (median); RATIO lines of streams against each other."""
+    half = recipe_options("sequence", args.options)
+    variants = {"streams": dict(), "sequence_burnin0": dict(replay="sequence", burn_in=0),
+                f"sequence_burnin{half['burn_in']}": half, "slice": dict(replay="slice")}
+    cfgs = {name: checked_config(recurrent_sac.Config, args.options, recurrent_sac.envs.check_keep, seed=0,
+                                 progress=False, total_frames=args.frames, **v) for name, v in variants.items()}
+    first = cfgs["slice"]  # stores both memories, which the windows start from
+    nets = recurrent_sac.make_nets(first, recurrent_sac.make_env(first, [], 1, 0))
+    env = recurrent_sac.make_env(first, nets["rnns"], first.num_envs, 0)
+    with torch.no_grad():
+        data = env.rollout(args.speed_frames // first.num_envs, recurrent_sac.Seq(nets["actor"], nets["critic"]),
+                           break_when_any_done=False).contiguous()
+    env.close()
+    data["collector", "traj_ids"] = (data["is_init"].squeeze(-1).long().cumsum(1)
+                                     + 10_000 * torch.arange(data.shape[0]).unsqueeze(1))  # one id per episode
+    steps = {}
+    for name, cfg in cfgs.items():
+        buffer = recurrent_sac.make_buffer(cfg)
+        recurrent_sac.write(cfg, buffer, data.clone())
+        loss, updater = recurrent_sac.make_loss(cfg, nets)
+        optim = torch.optim.Adam(loss.parameters(), lr=1e-4)
+
+        def step(cfg=cfg, buffer=buffer, loss=loss, updater=updater, optim=optim):
+            out = loss(recurrent_sac.sample(cfg, buffer))
+            optim.zero_grad()
+            (out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]).backward()
+            optim.step()
+            updater.step()
+        steps[name] = step
+
+    def timed(name: str, count: int) -> float:
+        start = time.perf_counter()
+        for _ in range(count):
+            steps[name]()
+        return (time.perf_counter() - start) / count
+
+    for name in steps:  # warm up
+        timed(name, 2)
+    seconds = {name: [] for name in steps}
+    for _ in tqdm(range(args.speed_rounds), desc="speed"):
+        for name in steps:
+            seconds[name].append(timed(name, args.speed_steps))
+    median = {name: statistics.median(s) for name, s in seconds.items()}
+    for name in steps:
+        print(f"{name}: {1 / median[name]:.1f} gradient steps/s (median of {args.speed_rounds} rounds)")
+    ratios = {name: median[name] / median["streams"] for name in steps if name != "streams"}
+    for name, ratio in ratios.items():
+        print(f"RATIO grad_steps_per_s_streams_vs_{name} {ratio:.3f}")
+    return ratios
+
+
+def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for recipe in recipes:
+            if curves.get((task, recipe)):
+                plot_runs(ax, curves[(task, recipe)], recipe, ragged=True, lw=1)
+        ax.axhline(GOAL, color="gray", ls="--", lw=1, label=f"goal {GOAL:g}")
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("env frames", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel("deterministic evaluation return", fontsize=8)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def report(summaries: dict, tasks: list[str], recipes: list[str], seeds: dict) -> list[str]:
+    """The table (markdown lines) and the RATIO and GOAL lines."""
+    lines = ["| task | recipe | seeds | median final return | finals | median grad steps/s | median wall s |",
+             "|---" * 7 + "|"]
+    for task in tasks:
+        medians = {}
+        for recipe in recipes:
+            runs = [summaries[(task, recipe, s)] for s in seeds[recipe] if (task, recipe, s) in summaries]
+            if not runs:
+                continue
+            medians[recipe] = statistics.median(r["final_return"] for r in runs)
+            finals = ", ".join(f"{r['final_return']:.0f}" for r in runs)
+            lines.append(f"| {task} | {recipe} | {len(runs)} | {medians[recipe]:.1f} | {finals} | "
+                         f"{statistics.median(r['grad_steps_per_s'] for r in runs):.1f} | "
+                         f"{statistics.median(r['wall_s'] for r in runs):.0f} |")
+        lines.append(f"| {task} | published | | {PUBLISHED[task]} | | | |")
+        for recipe, value in medians.items():
+            if recipe != "streams" and "streams" in medians and medians["streams"] < 0 and value < 0:
+                print(f"RATIO cost_{recipe}_vs_streams_{task} {value / medians['streams']:.3f}")
+        if "streams" in medians:
+            reached = "reached" if medians["streams"] >= GOAL else "not reached"
+            print(f"GOAL streams_median_final_{task} {medians['streams']:.1f} (>= {GOAL:g}: {reached})")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
+    parser.add_argument("--recipes", default="streams,sequence,slice,ff,framestack,sb3",
+                        help=f"comma-separated, streams first, from {(*RECIPES, 'sb3')}")
+    parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds of streams")
+    parser.add_argument("--other-seeds", default="1,2,3", help="comma-separated seeds of the other recipes")
+    parser.add_argument("--frames", type=int, default=50_000, help="env frames per run")
+    parser.add_argument("--eval-every", type=int, default=1000, help="frames between evaluations (sb3's too)")
+    parser.add_argument("--eval-episodes", type=int, default=20, help="deterministic episodes per evaluation")
+    parser.add_argument("--out", default="runs/bench_sac", help="output folder")
+    parser.add_argument("--speed-only", action="store_true", help="only the speed comparison")
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
+    parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
+    parser.add_argument("--speed-rounds", type=int, default=10, help="A/B rounds of the speed comparison")
+    parser.add_argument("--speed-steps", type=int, default=4, help="gradient steps per recipe per round")
+    parser.add_argument("--options", default="", help="fields of the example's Config for every run, e.g. "
+                        "replay_ratio=128,hidden=32")
+
+    def check(args) -> None:
+        options.names("tasks", args.tasks, tuple(TASKS))
+        if options.names("recipes", args.recipes, (*RECIPES, "sb3"))[0] != "streams":
+            raise ValueError("--recipes must start with streams (the others are compared with it).")
+        if args.speed_only and args.no_speed:
+            raise ValueError("--speed-only and --no-speed leave nothing to run: give one of them.")
+        args.options = config_options(recurrent_sac.Config, args.options, SET_HERE)
+        args.options.update(eval_every=args.eval_every, eval_episodes=args.eval_episodes)
+        for task in args.tasks.split(","):
+            for recipe in (r for r in args.recipes.split(",") if r != "sb3"):
+                checked_config(recurrent_sac.Config, args.options, recurrent_sac.envs.check_keep,
+                               env=TASKS[task][0], keep=TASKS[task][1], total_frames=args.frames,
+                               **recipe_options(recipe, args.options))
+
+    args = options.parse(parser, ints={"frames": 1, "eval_every": 1, "eval_episodes": 1, "speed_frames": 64,
+                                       "speed_rounds": 1, "speed_steps": 1},
+                         int_lists={"seeds": 0, "other_seeds": 0}, check=check)
+    tasks, recipes = args.tasks.split(","), args.recipes.split(",")
+    if "sb3" in recipes and not _has_sb3():
+        print("sb3-contrib is missing (pip install -e '.[bench]'): its arm is skipped; published references: "
+              + "; ".join(PUBLISHED[t] for t in tasks))
+        recipes.remove("sb3")
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.no_speed:
+        speed(args)
+    if args.speed_only:
+        return
+    seeds = {r: args.seeds if r == "streams" else args.other_seeds for r in recipes}
+    grid = [(t, s, r) for t in tasks for s in sorted(set(args.seeds) | set(args.other_seeds)) for r in recipes
+            if s in seeds[r]]
+    summaries, curves = {}, {}
+    with open(out / "sac.csv", "w", newline="") as f, open(out / "sac_summary.csv", "w", newline="") as g:
+        rows = csv.DictWriter(f, fieldnames=["task", "recipe", "seed", "frames", "return_mean"])
+        summary = csv.DictWriter(g, fieldnames=["task", "recipe", "seed", "final_return", "grad_steps",
+                                                "grad_steps_per_s", "wall_s"])
+        rows.writeheader()
+        summary.writeheader()
+        for task, seed, recipe in tqdm(grid, desc="grid"):
+            evals, result = run(task, recipe, seed, args)
+            rows.writerows({"task": task, "recipe": recipe, "seed": seed, **e} for e in evals)
+            summary.writerow({"task": task, "recipe": recipe, "seed": seed, **result})
+            f.flush()
+            g.flush()
+            summaries[(task, recipe, seed)] = result
+            curves.setdefault((task, recipe), []).append(evals)
+    lines = [f"{args.frames} frames per run, evaluations every {args.eval_every} ({args.eval_episodes} episodes)", "",
+             *report(summaries, tasks, recipes, seeds)]
+    (out / "sac_table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(curves, tasks, recipes, out / "sac.png")
+    print(f"-> {out}")
+
+
+def _has_sb3() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sb3_contrib") is not None
+
+
+if __name__ == "__main__":
+    main()
