@@ -1,6 +1,6 @@
 """Recurrent SAC recipes side by side on Pendulum-P (cos, sin observed) and Pendulum-V (velocity only).
 
-Every run is ``examples/recurrent_sac.py`` with its defaults (or the same ``--options``) and only
+Every run is ``seqchunk sac`` with its defaults (or the same ``--options``) and only
 ``--net`` / ``--replay`` changed, so the recipes see equal env frames and gradient steps, each of
 ``B * T`` learned steps:
 
@@ -43,9 +43,9 @@ import torch
 from bench_learning import plot_runs  # benchmarks/bench_learning.py
 from tqdm import tqdm
 
-from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py: puts examples/ on the path
+from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py
 
-import recurrent_sac  # noqa: E402  examples/recurrent_sac.py
+from torchrl_seqchunk.recipes import sac as recurrent_sac
 
 TASKS = {"pendulum_p": ("Pendulum-v1", "0,1"), "pendulum_v": ("Pendulum-v1", "2")}
 RECIPES = {"streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
@@ -86,7 +86,7 @@ def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
     with tempfile.TemporaryDirectory() as runs:
         cfg = recurrent_sac.Config(env=env, keep=keep, seed=seed, total_frames=args.frames, runs_dir=runs,
                                    name="cell", progress=False, **recipe_options(recipe, args.options), **args.options)
-        rows, _ = recurrent_sac.train(cfg)
+        rows = recurrent_sac.train(cfg).rows
     last, evals = rows[-1], evaluations(rows)
     return evals, {"final_return": final_return(evals), "grad_steps": last["grad_steps"],
                    "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9), "wall_s": last["wall_s"]}

@@ -3,6 +3,7 @@
     seqchunk ppo                 # recurrent PPO on CartPole without velocities (the main job)
     seqchunk ppo --help          # every flag with its default
     seqchunk dqn                 # recurrent DQN from replay
+    seqchunk sac                 # recurrent SAC on Pendulum with the angle only
     seqchunk curriculum          # reverse curriculum from one demonstration
     seqchunk world-model         # a world model on stream chunks of Atari frames (the atari extra)
     seqchunk distributed-ppo     # the main job on several learner processes and env workers
@@ -23,6 +24,7 @@ from .common import options
 RECIPES = {
     "ppo": "torchrl_seqchunk.recipes.ppo",
     "dqn": "torchrl_seqchunk.recipes.dqn",
+    "sac": "torchrl_seqchunk.recipes.sac",
     "curriculum": "torchrl_seqchunk.recipes.curriculum",
     "world-model": "torchrl_seqchunk.recipes.world_model",
     "distributed-ppo": "torchrl_seqchunk.recipes.distributed_ppo",

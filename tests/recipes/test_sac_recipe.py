@@ -1,4 +1,4 @@
-"""examples/recurrent_sac.py: a tiny run of every recipe, its option checks, its windows, and that it learns."""
+"""seqchunk sac (torchrl_seqchunk.recipes.sac): a tiny run of every recipe, its option checks, its windows, and that it learns."""
 import math
 import os
 import subprocess
@@ -9,9 +9,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from torchrl_seqchunk.recipes import cli
+from torchrl_seqchunk.recipes import sac as recurrent_sac
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-sys.path.insert(0, str(EXAMPLES))
-import recurrent_sac  # noqa: E402
 
 RECIPES = [dict(replay="streams"), dict(replay="sequence", burn_in=4), dict(replay="slice"), dict(net="ff"),
            dict(net="framestack")]
@@ -22,7 +23,8 @@ TINY = dict(total_frames=512, learning_starts=128, num_envs=4, collect_len=16, b
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: "-".join(map(str, r.values())))
 def test_tiny_run_of_every_recipe(recipe, tmp_path):
     cfg = recurrent_sac.Config(runs_dir=str(tmp_path), **TINY, **recipe)
-    rows, out = recurrent_sac.train(cfg)
+    run = recurrent_sac.train(cfg)
+    rows, out = run.rows, run.out_dir
     # ratio 8 x 448 frames from the batch reaching 128, / (4 x 8) steps per gradient step
     assert rows[-1]["frames"] == 512 and rows[-1]["grad_steps"] == cfg.planned_grad_steps == 112
     assert sorted({r["eval_frames"] for r in rows} - {0}) == [256, 512]  # every --eval-every frames
@@ -52,7 +54,7 @@ def test_options_that_do_not_apply_or_lose_the_run_are_refused():
 ])
 def test_command_lines_refused_before_a_run(argv, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        recurrent_sac.parse_args([*argv, "--runs-dir", str(tmp_path)])
+        cli.parse(["sac", *argv, "--runs-dir", str(tmp_path)])
     assert exit_.value.code == 2 and match in capsys.readouterr().err
 
 
@@ -102,6 +104,6 @@ def test_streams_learns_pendulum_p_within_minutes(tmp_path):
     learning rate, a lower initial temperature)."""
     cfg = recurrent_sac.Config(total_frames=6000, learning_starts=1000, lr=1e-3, alpha_init=0.1, eval_every=2000,
                                runs_dir=str(tmp_path), progress=False)
-    rows, _ = recurrent_sac.train(cfg)
+    rows = recurrent_sac.train(cfg).rows
     evals = [r["eval_return"] for r in rows if r["eval_frames"]]
     assert rows[-1]["grad_steps"] == cfg.planned_grad_steps == 2560 and evals[-1] > -1000, sorted(set(evals))
