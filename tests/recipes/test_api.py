@@ -42,7 +42,7 @@ def test_the_command_lists_its_recipes_and_refuses_an_unknown_one(capsys):
         cli.parse(["--help"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 0 and all(f"{name} " in out for name in cli.RECIPES)
-    assert "sac" not in out  # what is listed is what there is
+    assert "td3" not in out  # what is listed is what there is
     unknown = " ".join(refused(lambda: cli.parse(["no-such-recipe"])).split())
     assert "Unrecognized options: no-such-recipe" in unknown and "world-model, distributed-ppo" in unknown
     assert "Missing subcommand" in refused(lambda: cli.parse([]))
