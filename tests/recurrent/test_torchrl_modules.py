@@ -53,8 +53,6 @@ def module_layers(module):
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("backend", ["pad", "scan", "python"])
 def test_carry_equals_a_per_step_unroll(kind, layers, backend):
-    if backend == "python" and kind == "gru":
-        pytest.skip("GRUModule's python_based GRU is the same path as pad")
     module = torchrl_module(kind, layers, "pad" if backend == "python" else backend, backend == "python")
     picked = ResetRNN(module).backend  # ours on TorchRL's default pad, else its own
     assert picked == ("auto" if backend == "pad" else "torchrl")

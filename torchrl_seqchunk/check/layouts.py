@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -57,7 +58,7 @@ def _quiet():
         logger.setLevel(level)
 
 
-class TrainingLayout:
+class TrainingLayout(ABC):
     """Base class: how a pipeline trains on a rollout (see the module docstring).
 
     Subclasses define :meth:`batches`; :meth:`train` defaults to one pass of the network in
@@ -79,12 +80,12 @@ class TrainingLayout:
 
     carries = False
 
+    @abstractmethod
     def batches(self, rollout: TensorDictBase, memory_keys: list) -> Iterator[TensorDictBase]:
         """The training batches ``[N, L]`` (time last) cut from ``rollout`` ``[E, T]`` (which holds
         the stored memory under ``memory_keys``), in training order; each built by indexing
         ``rollout``, with :data:`TRAINED` where not every slot trains. Must give the same
         batches every call (seed any sampler)."""
-        raise NotImplementedError
 
     def train(self, run: Callable[..., TensorDictBase], batch: TensorDictBase) -> None:
         """The training pass over ``batch`` (a copy to write into): ``run(batch)`` runs the network
