@@ -28,6 +28,7 @@ and ``grad_steps_per_s_streams_vs_<recipe>``.
     python benchmarks/bench_sac.py                                   # 50k frames, 5 + 3 seeds: hours on a CPU
     python benchmarks/bench_sac.py --tasks pendulum_p --recipes streams,ff,sequence --seeds 1 --frames 12000
     python benchmarks/bench_sac.py --speed-only
+    python benchmarks/bench_sac.py --merge runs/sac_p,runs/sac_v --out runs/bench_sac  # a grid run in pieces
 """
 from __future__ import annotations
 
@@ -237,6 +238,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=1000, help="frames between evaluations (sb3's too)")
     parser.add_argument("--eval-episodes", type=int, default=20, help="deterministic episodes per evaluation")
     parser.add_argument("--out", default="runs/bench_sac", help="output folder")
+    parser.add_argument("--merge", default="",
+                        help="comma-separated --out folders of earlier runs (e.g. a grid split over processes): "
+                             "their CSVs joined into --out, with the table, RATIO lines and plot; nothing runs")
     parser.add_argument("--speed-only", action="store_true", help="only the speed comparison")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
@@ -246,6 +250,9 @@ def main() -> None:
                         "replay_ratio=128,hidden=32")
 
     def check(args) -> None:
+        if args.merge:
+            read_runs([Path(folder) for folder in args.merge.split(",")])
+            return
         options.names("tasks", args.tasks, tuple(TASKS))
         if options.names("recipes", args.recipes, (*RECIPES, "sb3"))[0] != "streams":
             raise ValueError("--recipes must start with streams (the others are compared with it).")
@@ -262,14 +269,16 @@ def main() -> None:
     args = options.parse(parser, ints={"frames": 1, "eval_every": 1, "eval_episodes": 1, "speed_frames": 64,
                                        "speed_rounds": 1, "speed_steps": 1},
                          int_lists={"seeds": 0, "other_seeds": 0}, check=check)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return merge([Path(folder) for folder in args.merge.split(",")], out)
     tasks, recipes = args.tasks.split(","), args.recipes.split(",")
     if "sb3" in recipes and not _has_sb3():
         print("sb3-contrib is missing (pip install -e '.[bench]'): its arm is skipped; published references: "
               + "; ".join(PUBLISHED[t] for t in tasks))
         recipes.remove("sb3")
     torch.set_num_threads(1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if not args.no_speed:
         speed(args)
     if args.speed_only:
@@ -292,12 +301,58 @@ def main() -> None:
             g.flush()
             summaries[(task, recipe, seed)] = result
             curves.setdefault((task, recipe), []).append(evals)
-    lines = [f"{args.frames} frames per run, evaluations every {args.eval_every} ({args.eval_episodes} episodes)", "",
-             *report(summaries, tasks, recipes, seeds)]
+    finish(out, f"{args.frames} frames per run, evaluations every {args.eval_every} ({args.eval_episodes} episodes)",
+           summaries, curves, tasks, recipes, seeds)
+
+
+def finish(out: Path, heading: str, summaries: dict, curves: dict, tasks: list, recipes: list, seeds: dict) -> None:
+    """Writes ``sac_table.md`` and ``sac.png`` under ``out`` and prints the table and the RATIO lines."""
+    lines = [heading, "", *report(summaries, tasks, recipes, seeds)]
     (out / "sac_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(curves, tasks, recipes, out / "sac.png")
     print(f"-> {out}")
+
+
+def read_runs(folders: list[Path]) -> tuple[dict, dict]:
+    """The runs in the ``sac_summary.csv`` and ``sac.csv`` of ``folders`` (outputs of this script):
+    ``(summaries, evals)`` by ``(task, recipe, seed)``; a ValueError where a folder lacks them or
+    two hold the same run."""
+    evals, summaries = {}, {}
+    for folder in folders:
+        if not (folder / "sac_summary.csv").exists():
+            raise ValueError(f"--merge {folder}: no sac_summary.csv there (give --out folders of earlier runs).")
+        with open(folder / "sac_summary.csv") as f:
+            for row in csv.DictReader(f):
+                key = (row["task"], row["recipe"], int(row["seed"]))
+                if key in summaries:
+                    raise ValueError(f"--merge: the run {key} is in two folders; give each run once.")
+                summaries[key] = {name: float(row[name]) for name in row if name not in ("task", "recipe", "seed")}
+        with open(folder / "sac.csv") as f:
+            for row in csv.DictReader(f):
+                evals.setdefault((row["task"], row["recipe"], int(row["seed"])), []).append(
+                    {"frames": int(float(row["frames"])), "return_mean": float(row["return_mean"])})
+    return summaries, evals
+
+
+def merge(folders: list[Path], out: Path) -> None:
+    """Joins the runs of ``folders`` (see :func:`read_runs`) into ``out``'s CSVs, table and plot."""
+    summaries, evals = read_runs(folders)
+    with open(out / "sac.csv", "w", newline="") as f, open(out / "sac_summary.csv", "w", newline="") as g:
+        rows = csv.DictWriter(f, fieldnames=["task", "recipe", "seed", "frames", "return_mean"])
+        summary = csv.DictWriter(g, fieldnames=["task", "recipe", "seed", *next(iter(summaries.values()))])
+        rows.writeheader()
+        summary.writeheader()
+        for (task, recipe, seed), result in sorted(summaries.items()):
+            rows.writerows({"task": task, "recipe": recipe, "seed": seed, **e} for e in evals.get((task, recipe, seed), []))
+            summary.writerow({"task": task, "recipe": recipe, "seed": seed, **result})
+    tasks = [t for t in TASKS if any(k[0] == t for k in summaries)]
+    recipes = [r for r in (*RECIPES, "sb3") if any(k[1] == r for k in summaries)]
+    seeds = {r: sorted({k[2] for k in summaries if k[1] == r}) for r in recipes}
+    curves = {}
+    for key in sorted(summaries):
+        curves.setdefault(key[:2], []).append(evals.get(key, []))
+    finish(out, f"merged from {', '.join(map(str, folders))}", summaries, curves, tasks, recipes, seeds)
 
 
 def _has_sb3() -> bool:

@@ -65,3 +65,43 @@ def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
     assert [e["frames"] for e in evals] == [1024, 2048, 3072, 4096]
     assert all(-16.3 * 200 <= e["return_mean"] <= 0 for e in evals)
     assert summary["final_return"] == evals[-1]["return_mean"]  # the last fifth of 4 points: 1
+
+
+def _write_run(folder: Path, task: str, recipe: str, seed: int, returns: list[float]) -> None:
+    folder.mkdir(exist_ok=True)
+    new = not (folder / "sac.csv").exists()
+    with open(folder / "sac.csv", "a", newline="") as f, open(folder / "sac_summary.csv", "a", newline="") as g:
+        rows = csv.DictWriter(f, fieldnames=["task", "recipe", "seed", "frames", "return_mean"])
+        summary = csv.DictWriter(g, fieldnames=["task", "recipe", "seed", "final_return", "grad_steps",
+                                                "grad_steps_per_s", "wall_s"])
+        if new:
+            rows.writeheader()
+            summary.writeheader()
+        rows.writerows({"task": task, "recipe": recipe, "seed": seed, "frames": 1000 * (i + 1), "return_mean": r}
+                       for i, r in enumerate(returns))
+        summary.writerow({"task": task, "recipe": recipe, "seed": seed, "final_return": returns[-1],
+                          "grad_steps": 10, "grad_steps_per_s": 5.0, "wall_s": 2.0})
+
+
+def test_merge_joins_pieces_of_a_grid_and_reports_them_as_one(tmp_path, capsys):
+    """Two folders (a grid split over processes): one table over both, medians by hand, and a run
+    given twice refused."""
+    _write_run(tmp_path / "a", "pendulum_p", "streams", 1, [-900.0, -200.0])
+    _write_run(tmp_path / "a", "pendulum_p", "streams", 2, [-900.0, -300.0])
+    _write_run(tmp_path / "b", "pendulum_p", "streams", 3, [-900.0, -100.0])
+    _write_run(tmp_path / "b", "pendulum_p", "ff", 1, [-900.0, -800.0])
+    out = tmp_path / "merged"
+    with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", f"{tmp_path / 'a'},{tmp_path / 'b'}",
+                                         "--out", str(out)]):
+        bench_sac.main()
+    printed = capsys.readouterr().out
+    assert "| pendulum_p | streams | 3 | -200.0 |" in printed  # median of -200, -300, -100
+    assert "RATIO cost_ff_vs_streams_pendulum_p 4.000" in printed  # 800 / 200
+    assert "GOAL streams_median_final_pendulum_p -200.0 (>= -180: not reached)" in printed
+    summary = list(csv.DictReader(open(out / "sac_summary.csv")))
+    assert sorted((r["recipe"], r["seed"]) for r in summary) == [("ff", "1"), ("streams", "1"), ("streams", "2"),
+                                                                 ("streams", "3")]
+    assert len(list(csv.DictReader(open(out / "sac.csv")))) == 8 and (out / "sac.png").exists()
+    with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}",
+                                         "--out", str(out)]):
+        assert "is in two folders" in refused(bench_sac.main)

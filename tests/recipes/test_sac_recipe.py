@@ -96,6 +96,26 @@ def test_window_steps_outside_the_records_are_episodes_of_their_own_out_of_the_l
     assert not out["next", "truncated"].any()
 
 
+@pytest.mark.parametrize("replay", ["streams", "sequence"])
+def test_encoders_read_the_previous_action_zeros_at_each_episode_start(replay, tmp_path):
+    """--prev-action: the collected steps hold prev_action[t] = action[t - 1] inside an episode and
+    zeros at is_init, ("next", prev_action)[t] = action[t] (what the loss's next pass reads); the
+    encoders take observation and previous action."""
+    cfg = recurrent_sac.Config(runs_dir=str(tmp_path), **{**TINY, "max_episode_steps": 10}, replay=replay,
+                               **({"burn_in": 4} if replay == "sequence" else {}))
+    nets = recurrent_sac.make_nets(cfg, recurrent_sac.make_env(cfg, [], 1, 0))
+    env = recurrent_sac.make_env(cfg, nets["rnns"][:1], 4, 0)
+    batch = env.rollout(25, nets["act"], break_when_any_done=False)  # [4, 25]: episodes of 10 steps
+    action, prev, first = batch["action"], batch["prev_action"], batch["is_init"].squeeze(-1)
+    assert first[:, [0, 10, 20]].all() and first.sum() == 12
+    assert torch.equal(batch["next", "prev_action"], action)
+    assert torch.equal(prev[:, 1:][~first[:, 1:]], action[:, :-1][~first[:, 1:]]) and (prev[first] == 0).all()
+    assert nets["actor"].module[0].module[0].in_keys == ["observation", "prev_action"]
+    assert nets["critic"][0].in_keys == ["observation", "prev_action"]
+    with pytest.raises(ValueError, match="--prev-action applies to --net recurrent only"):
+        recurrent_sac.Config(net="ff", prev_action=False)
+
+
 @pytest.mark.slow
 def test_streams_learns_pendulum_p_within_minutes(tmp_path):
     """From about -1250 (the untrained policy's deterministic return on Pendulum-P, -1150 to -1450

@@ -245,3 +245,52 @@ def test_the_observation_statistics_freeze_at_obs_norm_until(env_batching):
     never = obs_norm_of(make_env(cfg))
     anneal(dataclasses.replace(cfg, anneal_clip=False, obs_norm_until=1.0), optim, loss, 0.0, never)
     assert not never.frozen  # 1: never frozen, the run's end too
+
+
+@pytest.mark.parametrize("batching", ["windows", "streams"])
+def test_update_logs_mean_losses_and_the_last_steps_diagnostics(batching):
+    """update's LOGGED against the same steps taken one by one with diagnostics on throughout: the
+    losses' means over the steps, entropy / clip_fraction / kl_approx of the last step; the
+    windows' RecurrentPPOLoss computes diagnostics for that step only."""
+    import copy
+
+    from tensordict.nn import TensorDictSequential
+
+    from torchrl_seqchunk.recipes.common.agent import make_agent
+    from torchrl_seqchunk.recipes.common.batching import make_batching
+    from torchrl_seqchunk.recipes.common.envs import make_acting_env, make_collector, make_env
+    from torchrl_seqchunk.recipes.common.ppo import LOGGED, add_advantages, update
+
+    torch.manual_seed(0)
+    cfg = Config(batching=batching, num_envs=4, rollout_len=32, epochs=2, minibatches=2, entropy_coeff=0.01)
+    actor, critic, rnns = make_agent(cfg, make_env(cfg), carry=batching == "streams")
+    collector = make_collector(cfg, make_acting_env(cfg, rnns, 0), TensorDictSequential(actor, critic), 128, 128)
+    rollout = add_advantages(cfg, critic, next(iter(collector)), standardize=True)
+    collector.shutdown()
+    batching_ = make_batching(cfg, rnns, 128)
+    loss = batching_.make_loss(actor, critic)
+    reference = copy.deepcopy(loss)
+    optim = torch.optim.Adam(loss.parameters(), lr=1e-3)
+    ref_optim = torch.optim.Adam(reference.parameters(), lr=1e-3)
+    batches = [b.clone() for b in batching_.batches(rollout)]
+    seen = []
+    if batching == "windows":
+        loss.forward = (lambda forward: lambda td: seen.append(loss.diagnostics) or forward(td))(loss.forward)
+    logged = update(loss, optim, batches, weight=batching_.weight, max_grad_norm=cfg.max_grad_norm)
+    rows = []
+    for batch in batches:  # the reference: diagnostics on at every step
+        out = reference(batch)
+        total = (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]) * batching_.weight(batch)
+        ref_optim.zero_grad()
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), cfg.max_grad_norm)
+        ref_optim.step()
+        rows.append({k: out[k].item() for k in LOGGED})
+    assert len(rows) == (4 if batching == "windows" else len(rows)) and len(rows) > 1
+    for name in ("loss_objective", "loss_critic"):
+        assert logged[name] == pytest.approx(sum(r[name] for r in rows) / len(rows), rel=1e-5, abs=1e-7)
+    for name in ("entropy", "clip_fraction", "kl_approx"):
+        assert logged[name] == pytest.approx(rows[-1][name], rel=1e-5, abs=1e-7)
+    assert rows[-1]["kl_approx"] != pytest.approx(rows[0]["kl_approx"])  # the last step, not the first
+    if batching == "windows":
+        assert seen == [False] * (len(rows) - 1) + [True]

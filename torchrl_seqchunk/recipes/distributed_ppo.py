@@ -299,7 +299,7 @@ def learner(rank: int, cfg: Config) -> Run | None:
             # rank 0 reports every rank's finished episodes and the ranks' mean losses
             gathered = [None] * cfg.learners
             dist.all_gather_object(gathered, (steps.numel(), finished_returns(steps),
-                                              {k: losses[k].item() for k in LOGGED}))
+                                              {k: losses[k] for k in LOGGED}))
             stop = [False]
             if report is not None:
                 mean_losses = {k: torch.tensor(sum(g[2][k] for g in gathered) / cfg.learners) for k in LOGGED}

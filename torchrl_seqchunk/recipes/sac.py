@@ -36,7 +36,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import NormalParamExtractor, TensorDictModule as Mod, TensorDictSequential as Seq
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, RandomSampler, SliceSampler, TensorDictReplayBuffer, Unbounded
 from torchrl.data.replay_buffers.sample_units import Sequence
 from torchrl.envs import CatFrames, ExplorationType, TensorDictPrimer, set_exploration_type
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, set_recurrent_mode
@@ -48,9 +48,10 @@ from .common import envs, options, report
 from .common.config import RunConfig
 from .common.report import Run
 
+PREV = "prev_action"  # float [*, A]: the action of the step before (zeros at is_init), --prev-action
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
-STEP_KEYS = ["observation", "action", "is_init", ("collector", "traj_ids"),
-             *(("next", key) for key in ("observation", "reward", "done", "terminated", "truncated"))]
+STEP_KEYS = ["observation", "action", "is_init", ("collector", "traj_ids"), PREV,
+             *(("next", key) for key in ("observation", "reward", "done", "terminated", "truncated", PREV))]
 STORED = ["actor_state", "critic_state"]  # the memories sequence / slice windows start from
 
 
@@ -95,6 +96,8 @@ class Config(RunConfig):
     """discount, in [0, 1]"""
     n_steps: int = 1
     """recurrent only: n of the n-step targets"""
+    prev_action: bool = True
+    """recurrent only: both encoders also read the previous action (zeros at an episode's first step), as Ni et al. (2022)"""
     lr: float = 3e-4
     """Adam learning rate of the actor, the critics and the temperature, > 0"""
     tau: float = 0.005
@@ -108,6 +111,7 @@ class Config(RunConfig):
     APPLIES: ClassVar[dict] = {
         "replay": ("net", ("recurrent",), " (the feed-forward recipes sample transitions uniformly)"),
         "n_steps": ("net", ("recurrent",), " (TorchRL's SACLoss: one-step targets)"),
+        "prev_action": ("net", ("recurrent",), " (the feed-forward recipes read the observation alone)"),
         "burn_in": ("replay", ("sequence",), ""),
         "frames_stacked": ("net", ("framestack",), ""),
     }
@@ -177,8 +181,9 @@ def box_actions(cfg: Config, env):
 
 def make_nets(cfg: Config, env) -> dict:
     """The actor (TanhNormal on the action's bounds) and the critic: for --net recurrent an encoder
-    and a ResetRNN(GRU) each, one critic trunk under twin Q heads (RecurrentSACLoss copies the
-    head); else MLPs on the observation (a frame stack for framestack)."""
+    (of the observation and, with --prev-action, the previous action) and a ResetRNN(GRU) each, one
+    critic trunk under twin Q heads (RecurrentSACLoss copies the head); else MLPs on the observation
+    (a frame stack for framestack). "act": the actor as it acts, writing ``("next", PREV)``."""
     spec = box_actions(cfg, env)
     obs_dim, act_dim = env.observation_spec["observation"].shape[-1], spec.shape[-1]
     head = lambda n_in, n_out: MLP(in_features=n_in, out_features=n_out, num_cells=[cfg.cells] * 2,  # noqa: E731
@@ -191,24 +196,29 @@ def make_nets(cfg: Config, env) -> dict:
 
     if cfg.net != "recurrent":
         q = Mod(head(obs_dim + act_dim, 1), ["observation", "action"], ["state_action_value"])
-        return {"actor": actor([], "observation", obs_dim), "qvalue": q, "rnns": [], "spec": spec}
+        policy = actor([], "observation", obs_dim)
+        return {"actor": policy, "act": policy, "qvalue": q, "rnns": [], "spec": spec}
 
     def trunk(name):  # the loss starts every row through the reset state (carried, stored or zeros)
         rnn = ResetRNN(nn.GRU(cfg.hidden, cfg.hidden, batch_first=True), in_key=f"{name}_embed",
                        out_key=f"{name}_features", state_key=f"{name}_state", reset_state_key=f"{name}_state")
-        embed = Mod(nn.Sequential(nn.Linear(obs_dim, cfg.hidden), nn.Tanh()), ["observation"], [f"{name}_embed"])
-        return [embed, rnn], rnn
+        inputs = ["observation", PREV] if cfg.prev_action else ["observation"]  # MLP concatenates its inputs
+        embed = MLP(in_features=obs_dim + act_dim * cfg.prev_action, out_features=cfg.hidden, num_cells=[],
+                    activation_class=nn.Tanh, activate_last_layer=True)
+        return [Mod(embed, inputs, [f"{name}_embed"]), rnn], rnn
 
     actor_body, actor_rnn = trunk("actor")
     critic_body, critic_rnn = trunk("critic")
     q = Mod(head(cfg.hidden + act_dim, 1), ["critic_features", "action"], ["state_action_value"])
-    return {"actor": actor(actor_body, "actor_features", cfg.hidden), "critic": Seq(*critic_body), "qvalue": q,
+    policy = actor(actor_body, "actor_features", cfg.hidden)
+    act = Seq(policy, Mod(nn.Identity(), ["action"], [("next", PREV)])) if cfg.prev_action else policy
+    return {"actor": policy, "act": act, "critic": Seq(*critic_body), "qvalue": q,
             "rnns": [actor_rnn, critic_rnn], "spec": spec}
 
 
 def make_env(cfg: Config, rnns: list, num_envs: int, seed: int, obs_norm=None):
-    """The run's env for num_envs envs with the primers of the acting ResetRNNs (and CatFrames for
-    framestack); ``obs_norm``: an evaluation env normalizing with those statistics, frozen."""
+    """The run's env for num_envs envs with the primers of the acting ResetRNNs and PREV (and CatFrames
+    for framestack); ``obs_norm``: an evaluation env normalizing with those statistics, frozen."""
     sub = copy.copy(cfg)  # not checked again: only the envs differ
     sub.num_envs = num_envs
     if obs_norm is not None:
@@ -219,6 +229,8 @@ def make_env(cfg: Config, rnns: list, num_envs: int, seed: int, obs_norm=None):
     if cfg.net == "framestack":
         env.append_transform(CatFrames(N=cfg.frames_stacked, dim=-1, in_keys=["observation"]))
     specs = {key: spec for rnn in rnns for key, spec in rnn.make_tensordict_primer().primers.items(True, True)}
+    if rnns and cfg.prev_action:  # zeros at every reset, the last action after every step
+        specs[PREV] = Unbounded(box_actions(cfg, env).shape, dtype=torch.get_default_dtype())
     if specs:
         env.append_transform(TensorDictPrimer(specs, expand_specs=True))
     env.set_seed(seed)
@@ -335,7 +347,7 @@ def train(cfg: Config) -> Run:
     torch.set_num_threads(cfg.threads)
     nets = make_nets(cfg, make_env(cfg, [], 1, cfg.seed))
     acting = nets["rnns"] if cfg.windows in ("sequence", "slice") else nets["rnns"][:1]  # whose memory is stored
-    policy = Seq(nets["actor"], nets["critic"]) if len(acting) == 2 else nets["actor"]
+    policy = Seq(nets["act"], nets["critic"]) if len(acting) == 2 else nets["act"]
     env = make_env(cfg, acting, cfg.num_envs, cfg.seed)
     per_batch, planned = cfg.num_envs * cfg.collect_len, cfg.planned_frames
     collector = (Collector(env, policy, frames_per_batch=per_batch, total_frames=planned)
@@ -370,7 +382,7 @@ def train(cfg: Config) -> Run:
             if eval_env is None or cfg.obs_norm:  # the training statistics as they are now
                 eval_env = make_env(cfg, nets["rnns"][:1], cfg.eval_episodes, cfg.seed + 10**6,
                                     envs.obs_norm_of(env) if cfg.obs_norm else None)
-            returns = evaluate(eval_env, nets["actor"], cfg.episode_steps)
+            returns = evaluate(eval_env, nets["act"], cfg.episode_steps)
             last.update(eval_return=sum(returns) / max(len(returns), 1), eval_frames=frames)
             eval_s += time.perf_counter() - start
         log.add(batch.numel(), report.finished_returns(batch),

@@ -10,6 +10,7 @@ from torch import nn
 from torchrl_seqchunk import RunningObservationNorm, boundary_gae
 
 LOGGED = ("loss_objective", "loss_critic", "entropy", "clip_fraction", "kl_approx")
+"""The metrics of an update: the losses' means over its steps, the rest of its last step."""
 
 
 def next_values(critic, rollout: TensorDictBase) -> torch.Tensor:
@@ -45,26 +46,38 @@ def standardized(advantage: torch.Tensor, *, floor: float = 0.0) -> torch.Tensor
 
 
 def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDictBase], *, weight,
-           max_grad_norm: float) -> TensorDictBase:
-    """One PPO gradient step per batch (its loss times ``weight(batch)``); returns the mean of the logged losses."""
-    logs = []
-    for batch in batches:
-        loss = loss_module(batch)
-        total = (loss["loss_objective"] + loss["loss_critic"] + loss["loss_entropy"]) * weight(batch)
+           max_grad_norm: float) -> dict[str, float]:
+    """One PPO gradient step per batch (its loss times ``weight(batch)``). Returns LOGGED: the losses'
+    means over the steps, and ``entropy``, ``clip_fraction``, ``kl_approx`` of the last step (a loss
+    with a ``diagnostics`` switch, as RecurrentPPOLoss, computes them for that step only)."""
+    params = list(loss_module.parameters())
+    switch = getattr(loss_module, "module", loss_module)  # under DistributedDataParallel, the loss itself
+    switched = isinstance(getattr(switch, "diagnostics", None), bool)
+    losses, out, batches = [], None, iter(batches)
+    batch = next(batches, None)
+    while batch is not None:
+        following = next(batches, None)
+        if switched:
+            switch.diagnostics = following is None
+        out = loss_module(batch)
+        total = (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]) * weight(batch)
         optim.zero_grad()
         total.backward()
-        nn.utils.clip_grad_norm_(loss_module.parameters(), max_grad_norm)
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
         optim.step()
-        logs.append(loss.detach().select(*LOGGED))
-    return torch.stack(logs).mean()
+        losses.append(torch.stack([out["loss_objective"], out["loss_critic"]]).detach())
+        batch = following
+    objective, critic = torch.stack(losses).mean(0).tolist()
+    return {"loss_objective": objective, "loss_critic": critic,
+            **{name: out[name].item() for name in LOGGED[2:]}}
 
 
 def learn(cfg, rollout: TensorDictBase, critic, batching, loss_module, optim: torch.optim.Optimizer, *,
-          remaining: float, obs_norm: RunningObservationNorm | None = None) -> TensorDictBase:
+          remaining: float, obs_norm: RunningObservationNorm | None = None) -> dict[str, float]:
     """One iteration's learning from a rollout ``[num_envs, T]``: its advantages (standardized as
     ``batching`` asks), a PPO gradient step per batch of ``batching``, then the schedules at
-    ``remaining`` (the run's share still to come, 1 -> 0; see :func:`anneal`). Returns the mean
-    of the LOGGED losses."""
+    ``remaining`` (the run's share still to come, 1 -> 0; see :func:`anneal`). Returns
+    :func:`update`'s LOGGED."""
     add_advantages(cfg, critic, rollout, standardize=batching.standardize_advantages)
     losses = update(loss_module, optim, batching.batches(rollout), weight=batching.weight,
                     max_grad_norm=cfg.max_grad_norm)
