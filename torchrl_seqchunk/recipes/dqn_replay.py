@@ -17,6 +17,8 @@ from torchrl.data.replay_buffers.sample_units import Sequence
 
 from torchrl_seqchunk import StreamChunkSampler
 
+from .common.windows import mark_outside
+
 if TYPE_CHECKING:
     from .dqn import Config
 
@@ -108,13 +110,7 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
         valid = learn = batch.get(("collector", "mask"), None)  # written when a slice was padded
         if valid is None:
             valid = learn = torch.ones(batch.shape, dtype=torch.bool)
-    past = (~valid & valid.long().cummax(1).values.bool()).unsqueeze(-1)  # after the last real step
-    first_past = past & ~torch.cat([torch.zeros_like(past[:, :1]), past[:, :-1]], 1)
-    batch["is_first"] = (batch["is_init"] & ~past) | first_past  # the env's InitTracker flags
-    for key in ("done", "terminated", "truncated"):
-        batch["next", key] = batch["next", key] & ~past
-    batch[LEARN] = learn
-    return batch
+    return mark_outside(batch, valid, learn, LEARN)  # from_first_record left no step before the first record
 
 
 def from_first_record(batch: TensorDictBase) -> TensorDictBase:

@@ -47,6 +47,7 @@ from torchrl_seqchunk import RecurrentSACLoss, ResetRNN, StreamChunkSampler
 from .common import envs, options, report
 from .common.config import RunConfig
 from .common.report import Run
+from .common.windows import mark_outside
 
 PREV = "prev_action"  # float [*, A]: the action of the step before (zeros at is_init), --prev-action
 LEARN = "learn"  # bool [B, L]: the steps of a window that count in the loss
@@ -278,14 +279,7 @@ def sample(cfg: Config, buffer: TensorDictReplayBuffer) -> TensorDictBase:
         learn = batch["learning_mask"] & valid
     else:
         valid = learn = batch.get(("collector", "mask"), torch.ones(batch.shape, dtype=torch.bool))
-    seen = valid.long().cummax(1).values.bool()
-    lead, past = (~seen).unsqueeze(-1), (~valid & seen).unsqueeze(-1)
-    first_past = past & ~torch.cat([torch.zeros_like(past[:, :1]), past[:, :-1]], 1)
-    batch["is_first"] = (batch["is_init"] & ~past) | first_past | lead
-    for key in ("done", "terminated", "truncated"):
-        batch["next", key] = (batch["next", key] & ~past) | (lead if key != "truncated" else False)
-    batch[LEARN] = learn
-    return batch
+    return mark_outside(batch, valid, learn, LEARN)
 
 
 def make_loss(cfg: Config, nets: dict):
