@@ -1,5 +1,4 @@
 """seqchunk sac (torchrl_seqchunk.recipes.sac): a tiny run of every recipe, its option checks, its windows, and that it learns."""
-import math
 import os
 import subprocess
 import sys

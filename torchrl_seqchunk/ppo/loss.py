@@ -6,16 +6,15 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, dispatch
+from tensordict.nn import dispatch
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.common import AUTO_LOSS_MASK_KEYS
-from torchrl.objectives.ppo import _broadcast_advantage_to_log_weight, _check_advantage_broadcast
-from torchrl.objectives.utils import _clip_value_loss, distance_loss
 
-from ..collect.policy import Watch, plain_steps
+from ..collect.policy import Watch
 from ..recurrent.module import ResetRNN
+from .plain_terms import clip_terms, plain_networks
 from .slots import BOUNDARY_MODES, reduce_windows, trained_slots
 
 def _check_window_rnns(is_first_key: NestedKey, actor_network, critic_network) -> None:
@@ -379,103 +378,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self._plain is None or any(watch.changed() for watch in self._plain[0]):
             critic = self.critic_network if self._has_critic else None
             watches = [Watch(self.actor_network)] + ([] if critic is None else [Watch(critic)])
-            self._plain = (watches, _plain_networks(self.actor_network, critic))
+            self._plain = (watches, plain_networks(self.actor_network, critic))
         return self._plain[1]
-
-    def _weighs_entropy(self) -> bool:
-        """Whether the entropy coefficient is not 0 (read once per change of its buffer)."""
-        coeff = self.entropy_coeff
-        seen = (coeff, coeff._version)
-        if self._entropy_weighs is None or self._entropy_weighs[0][0] is not coeff or self._entropy_weighs[0][1] != seen[1]:
-            self._entropy_weighs = (seen, bool((coeff != 0).any()))
-        return self._entropy_weighs[1]
-
-    def _clip_terms(self, tensordict: TensorDictBase, in_keys, actor_steps, dist_module, critic_steps) -> dict:
-        """ClipPPOLoss's forward entries (its per-element ``"loss_*"`` terms, ``reduction="none"``),
-        the same operations on plain tensors: the networks' modules called on the windows' entries;
-        the entropy term left out of the graph where its coefficient is 0 (its value, 0, kept), the
-        logging entries left out without :attr:`diagnostics`."""
-        keys, diagnostics = self.tensor_keys, self.diagnostics
-        advantage = self._maybe_normalize_advantage(tensordict.get(keys.advantage), tensordict, update_norm=False)
-        data = {key: value for key in in_keys if (value := tensordict.get(key, None)) is not None}
-        for run in actor_steps:
-            run(data)
-        dist = dist_module.get_dist(data)
-        previous = tensordict.get(keys.sample_log_prob, None)
-        if previous is None:
-            raise KeyError(f"Couldn't find the log-prob {keys.sample_log_prob} in the input data.")
-        action = tensordict.get(keys.action)
-        for key, value in ((keys.sample_log_prob, previous), (keys.action, action)):
-            if value.requires_grad:
-                raise RuntimeError(f"tensordict stored {key} requires grad.")
-        log_prob = dist.log_prob(action)
-        log_weight = (log_prob - previous).unsqueeze(-1)
-        advantage = _broadcast_advantage_to_log_weight(advantage, log_weight)
-        if advantage.shape != log_weight.shape:  # equal shapes broadcast to themselves
-            _check_advantage_broadcast(advantage, log_weight)
-        clipped = log_weight.clamp(*self._clip_bounds)
-        gain = torch.stack([log_weight.exp() * advantage, clipped.exp() * advantage], -1).min(dim=-1).values
-        out = {"loss_objective": -gain}
-        if diagnostics:
-            out["clip_fraction"] = (clipped != log_weight).to(log_weight.dtype).mean()
-            out["kl_approx"] = (previous - log_prob).unsqueeze(-1).detach().mean()
-        if self.entropy_bonus:
-            weighs = self._weighs_entropy()
-            entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1]) if weighs or diagnostics else None
-            if diagnostics:
-                out["entropy"] = entropy.detach().mean()
-            out["loss_entropy"] = (self._weighted_loss_entropy(entropy) if weighs
-                                   else torch.zeros_like(log_weight) if entropy is None
-                                   else self._weighted_loss_entropy(entropy.detach()))
-        if self._has_critic:
-            out.update(self._critic_terms(tensordict, data, critic_steps))
-        if diagnostics:
-            with torch.no_grad():
-                weight = log_weight.squeeze(-1)
-                out["ESS"] = (2 * weight.logsumexp(0) - (2 * weight).logsumexp(0)).exp() / log_weight.shape[0]
-                ratio = log_weight.exp()
-                out["max_ratio"], out["mean_ratio"] = ratio.max(), ratio.mean()
-        for name in [key for key in out if key.startswith("loss_")]:
-            out[name] = self._reduce_loss(out[name], tensordict).squeeze(-1)
-        return out
-
-    def _critic_terms(self, tensordict: TensorDictBase, data: dict, critic_steps) -> dict:
-        """ClipPPOLoss's ``loss_critic`` on plain tensors: the weighted value loss and, with
-        :attr:`diagnostics`, the value clip fraction and the explained variance."""
-        keys = self.tensor_keys
-        target = tensordict.get(keys.value_target, None)
-        if target is None:
-            raise KeyError(
-                f"the key {keys.value_target} was not found in the input tensordict. Make sure you provided the "
-                "right key and the value_target (i.e. the target return) has been retrieved accordingly."
-            )
-        old = None
-        if self.clip_value:
-            old = tensordict.get(keys.value, None)
-            if old is None:
-                raise KeyError(f"clip_value is set to {self.clip_value}, but the key {keys.value} was not found in "
-                               "the input tensordict.")
-        for run in critic_steps:
-            run(data)
-        value = data.get(keys.value)
-        if value is None:
-            raise KeyError(f"the key {keys.value} was not found in the critic output tensordict. Make sure that the "
-                           "'value_key' passed to PPO is accurate.")
-        target, value, old = self._critic_loss_inputs(target, value, old)
-        loss = distance_loss(target, value, loss_function=self.loss_critic_type)
-        out = {}
-        if self.clip_value:
-            loss, fraction = _clip_value_loss(old, value, self.clip_value, target, loss, self.loss_critic_type)
-            if self.diagnostics:
-                out["value_clip_fraction"] = fraction
-        out = {"loss_critic": self.critic_coeff * loss, **out}
-        if self.diagnostics and self.log_explained_variance:
-            with torch.no_grad():
-                target, value = target.detach(), value.detach()
-                residual = torch.var(target - value, correction=0, dim=0)
-                total = torch.var(target, correction=0, dim=0)
-                out["explained_variance"] = 1.0 - residual / (total + torch.finfo(target.dtype).eps)
-        return out
 
     @dispatch
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -499,7 +403,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         plain = self._plain_path()
         with self._per_slot_terms() as reduction:
             if plain is not None:
-                out = self._clip_terms(tensordict, *plain)
+                out = clip_terms(self, tensordict, *plain)
             else:
                 with set_recurrent_mode(True):
                     out = dict(super().forward(tensordict).items())
@@ -545,24 +449,3 @@ def _refuse_other_layout(loss, state_dict, prefix, *args) -> None:
             f"this state_dict names the actor's parameters {theirs}*: it was saved by a RecurrentPPOLoss built "
             f"with functional={not loss.functional}; build this one with functional={not loss.functional} to load it."
         )
-
-
-def _plain_networks(actor, critic):
-    """:meth:`RecurrentPPOLoss._plain_path`'s walk of the networks (``critic`` None: none runs), or
-    ``None``: the actor must be TorchRL's probabilistic sequence (its distribution built by its last
-    module from its deterministic part's outputs), each module one that runs on plain tensors."""
-    sequence = ProbabilisticTensorDictSequential
-    if not (isinstance(actor, sequence) and not actor.return_composite and actor.det_part is not None
-            and all(getattr(type(actor), name) is getattr(sequence, name)
-                    for name in ("get_dist", "get_dist_params", "build_dist_from_params"))):
-        return None
-    dist_module = list(actor._module_iter())[-1]
-    last = [m for m in actor.modules() if isinstance(m, ProbabilisticTensorDictModule)][-1]
-    if dist_module is not last or type(dist_module).get_dist is not ProbabilisticTensorDictModule.get_dist:
-        return None
-    actor_steps = plain_steps(actor.det_part)
-    critic_steps = [] if critic is None else plain_steps(critic)
-    if actor_steps is None or critic_steps is None:
-        return None
-    in_keys = list(dict.fromkeys(unravel_key(key) for net in (actor, critic) if net is not None for key in net.in_keys))
-    return in_keys, actor_steps, dist_module, critic_steps
