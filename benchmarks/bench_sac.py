@@ -201,6 +201,21 @@ def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None
     plt.close(fig)
 
 
+def paired(summaries: dict, task: str, recipe: str, seeds: dict) -> str:
+    """``PAIRED`` line of ``recipe`` against streams on the seeds both ran (a seed: the same env
+    seeds, the same torch seed): on how many streams' final return is higher, and the mean
+    difference; "" where they share no seed or ``recipe`` is streams."""
+    shared = [s for s in seeds.get("streams", []) if s in seeds.get(recipe, [])
+              and (task, "streams", s) in summaries and (task, recipe, s) in summaries]
+    if recipe == "streams" or not shared:
+        return ""
+    diffs = [summaries[(task, "streams", s)]["final_return"] - summaries[(task, recipe, s)]["final_return"]
+             for s in shared]
+    ahead = sum(d > 0 for d in diffs)
+    return (f"PAIRED streams_vs_{recipe}_{task} streams ahead on {ahead} of {len(diffs)} seeds, mean difference "
+            f"{statistics.mean(diffs):+.1f}\n")
+
+
 def report(summaries: dict, tasks: list[str], recipes: list[str], seeds: dict) -> list[str]:
     """The table (markdown lines) and the RATIO and GOAL lines."""
     lines = ["| task | recipe | seeds | median final return | finals | median grad steps/s | median wall s |",
@@ -220,6 +235,7 @@ def report(summaries: dict, tasks: list[str], recipes: list[str], seeds: dict) -
         for recipe, value in medians.items():
             if recipe != "streams" and "streams" in medians and medians["streams"] < 0 and value < 0:
                 print(f"RATIO cost_{recipe}_vs_streams_{task} {value / medians['streams']:.3f}")
+            print(paired(summaries, task, recipe, seeds) or "", end="")
         if "streams" in medians:
             reached = "reached" if medians["streams"] >= GOAL else "not reached"
             print(f"GOAL streams_median_final_{task} {medians['streams']:.1f} (>= {GOAL:g}: {reached})")

@@ -98,6 +98,7 @@ def test_merge_joins_pieces_of_a_grid_and_reports_them_as_one(tmp_path, capsys):
     assert "| pendulum_p | streams | 3 | -200.0 |" in printed  # median of -200, -300, -100
     assert "RATIO cost_ff_vs_streams_pendulum_p 4.000" in printed  # 800 / 200
     assert "GOAL streams_median_final_pendulum_p -200.0 (>= -180: not reached)" in printed
+    assert "PAIRED streams_vs_ff_pendulum_p streams ahead on 1 of 1 seeds, mean difference +600.0" in printed
     summary = list(csv.DictReader(open(out / "sac_summary.csv")))
     assert sorted((r["recipe"], r["seed"]) for r in summary) == [("ff", "1"), ("streams", "1"), ("streams", "2"),
                                                                  ("streams", "3")]
