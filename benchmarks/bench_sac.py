@@ -137,7 +137,7 @@ def speed(args) -> dict[str, float]:
     nets = recurrent_sac.make_nets(first, recurrent_sac.make_env(first, [], 1, 0))
     env = recurrent_sac.make_env(first, nets["rnns"], first.num_envs, 0)
     with torch.no_grad():
-        data = env.rollout(args.speed_frames // first.num_envs, recurrent_sac.Seq(nets["actor"], nets["critic"]),
+        data = env.rollout(args.speed_frames // first.num_envs, recurrent_sac.Seq(nets["act"], nets["critic"]),
                            break_when_any_done=False).contiguous()
     env.close()
     data["collector", "traj_ids"] = (data["is_init"].squeeze(-1).long().cumsum(1)
@@ -204,10 +204,12 @@ def plot(curves: dict, tasks: list[str], recipes: list[str], path: Path) -> None
 def paired(summaries: dict, task: str, recipe: str, seeds: dict) -> str:
     """``PAIRED`` line of ``recipe`` against streams on the seeds both ran (a seed: the same env
     seeds, the same torch seed): on how many streams' final return is higher, and the mean
-    difference; "" where they share no seed or ``recipe`` is streams."""
+    difference; "" where they share no evaluated seed, or ``recipe`` is streams or sb3 (its seeds are
+    not the recipes' env seeds)."""
     shared = [s for s in seeds.get("streams", []) if s in seeds.get(recipe, [])
-              and (task, "streams", s) in summaries and (task, recipe, s) in summaries]
-    if recipe == "streams" or not shared:
+              and not math.isnan(summaries.get((task, "streams", s), {}).get("final_return", math.nan))
+              and not math.isnan(summaries.get((task, recipe, s), {}).get("final_return", math.nan))]
+    if recipe in ("streams", "sb3") or not shared:
         return ""
     diffs = [summaries[(task, "streams", s)]["final_return"] - summaries[(task, recipe, s)]["final_return"]
              for s in shared]
@@ -224,6 +226,10 @@ def report(summaries: dict, tasks: list[str], recipes: list[str], seeds: dict) -
         medians = {}
         for recipe in recipes:
             runs = [summaries[(task, recipe, s)] for s in seeds[recipe] if (task, recipe, s) in summaries]
+            unevaluated = [r for r in runs if math.isnan(r["final_return"])]
+            if unevaluated:
+                print(f"{task} {recipe}: {len(unevaluated)} run(s) without an evaluation, left out of the median")
+            runs = [r for r in runs if not math.isnan(r["final_return"])]
             if not runs:
                 continue
             medians[recipe] = statistics.median(r["final_return"] for r in runs)
@@ -336,8 +342,9 @@ def read_runs(folders: list[Path]) -> tuple[dict, dict]:
     two hold the same run."""
     evals, summaries = {}, {}
     for folder in folders:
-        if not (folder / "sac_summary.csv").exists():
-            raise ValueError(f"--merge {folder}: no sac_summary.csv there (give --out folders of earlier runs).")
+        if not ((folder / "sac_summary.csv").exists() and (folder / "sac.csv").exists()):
+            raise ValueError(f"--merge {folder}: no sac_summary.csv and sac.csv there (give --out folders of "
+                             "earlier runs).")
         with open(folder / "sac_summary.csv") as f:
             for row in csv.DictReader(f):
                 key = (row["task"], row["recipe"], int(row["seed"]))
@@ -348,6 +355,8 @@ def read_runs(folders: list[Path]) -> tuple[dict, dict]:
             for row in csv.DictReader(f):
                 evals.setdefault((row["task"], row["recipe"], int(row["seed"])), []).append(
                     {"frames": int(float(row["frames"])), "return_mean": float(row["return_mean"])})
+    if not summaries:
+        raise ValueError(f"--merge: no run in {', '.join(map(str, folders))} (their CSVs hold a header only).")
     return summaries, evals
 
 

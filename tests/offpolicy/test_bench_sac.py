@@ -106,3 +106,30 @@ def test_merge_joins_pieces_of_a_grid_and_reports_them_as_one(tmp_path, capsys):
     with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}",
                                          "--out", str(out)]):
         assert "is in two folders" in refused(bench_sac.main)
+
+
+def test_merge_refuses_folders_without_runs_and_leaves_nan_runs_out(tmp_path, capsys):
+    """A header-only folder or one without sac.csv is refused by name before anything is written; a
+    run without an evaluation (NaN final return) stays out of the median and the PAIRED line."""
+    _write_run(tmp_path / "a", "pendulum_p", "streams", 1, [-900.0, -200.0])
+    (tmp_path / "a" / "sac.csv").rename(tmp_path / "a_sac.csv")
+    for args, says in (([str(tmp_path / "a")], "no sac_summary.csv and sac.csv there"),):
+        with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", *args, "--out", str(tmp_path / "x")]):
+            assert says in refused(bench_sac.main)
+    (tmp_path / "empty").mkdir()
+    for name, header in (("sac.csv", "task,recipe,seed,frames,return_mean"),
+                         ("sac_summary.csv", "task,recipe,seed,final_return,grad_steps,grad_steps_per_s,wall_s")):
+        (tmp_path / "empty" / name).write_text(header + "\n")
+    with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]):
+        assert "no run in" in refused(bench_sac.main)
+    assert not (tmp_path / "x" / "sac.csv").exists()
+    _write_run(tmp_path / "b", "pendulum_p", "streams", 1, [-900.0, -200.0])
+    _write_run(tmp_path / "b", "pendulum_p", "streams", 2, [-900.0, float("nan")])
+    _write_run(tmp_path / "b", "pendulum_p", "ff", 1, [-900.0, -600.0])
+    _write_run(tmp_path / "b", "pendulum_p", "ff", 2, [-900.0, -700.0])
+    with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", str(tmp_path / "b"), "--out", str(tmp_path / "y")]):
+        bench_sac.main()
+    printed = capsys.readouterr().out
+    assert "pendulum_p streams: 1 run(s) without an evaluation, left out of the median" in printed
+    assert "| pendulum_p | streams | 1 | -200.0 |" in printed
+    assert "PAIRED streams_vs_ff_pendulum_p streams ahead on 1 of 1 seeds, mean difference +400.0" in printed

@@ -111,6 +111,7 @@ def test_encoders_read_the_previous_action_zeros_at_each_episode_start(replay, t
     assert torch.equal(prev[:, 1:][~first[:, 1:]], action[:, :-1][~first[:, 1:]]) and (prev[first] == 0).all()
     assert nets["actor"].module[0].module[0].in_keys == ["observation", "prev_action"]
     assert nets["critic"][0].in_keys == ["observation", "prev_action"]
+    assert recurrent_sac.Config(prev_action=False).name == "Pendulum-v1_keep0,1_sac_recurrent_streams_noprev_seed0"
     with pytest.raises(ValueError, match="--prev-action applies to --net recurrent only"):
         recurrent_sac.Config(net="ff", prev_action=False)
 

@@ -294,3 +294,37 @@ def test_update_logs_mean_losses_and_the_last_steps_diagnostics(batching):
     assert rows[-1]["kl_approx"] != pytest.approx(rows[0]["kl_approx"])  # the last step, not the first
     if batching == "windows":
         assert seen == [False] * (len(rows) - 1) + [True]
+
+
+def test_update_leaves_the_losss_diagnostics_switch_as_it_was_and_refuses_no_batch():
+    """The switch restored after the update, also when a step fails; no batch: a ValueError."""
+    import types
+
+    from torchrl_seqchunk.recipes.common.ppo import update
+
+    class Failing(torch.nn.Module):
+        diagnostics = False
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+            self.calls = []
+
+        def forward(self, batch):
+            self.calls.append(self.diagnostics)
+            if batch == "bad":
+                raise RuntimeError("a step failed")
+            zero = self.w * 0
+            return {"loss_objective": zero, "loss_critic": zero, "loss_entropy": zero, "entropy": zero,
+                    "clip_fraction": zero, "kl_approx": zero}
+
+    loss = Failing()
+    optim = torch.optim.SGD(loss.parameters(), lr=0.1)
+    step = types.SimpleNamespace(weight=lambda batch: 1.0)
+    logged = update(loss, optim, ["ok", "ok"], weight=step.weight, max_grad_norm=1.0)
+    assert loss.calls == [False, True] and loss.diagnostics is False and logged["clip_fraction"] == 0.0
+    with pytest.raises(RuntimeError, match="a step failed"):
+        update(loss, optim, ["bad", "ok"], weight=step.weight, max_grad_norm=1.0)
+    assert loss.diagnostics is False
+    with pytest.raises(ValueError, match="update got no batch"):
+        update(loss, optim, [], weight=step.weight, max_grad_norm=1.0)

@@ -120,7 +120,8 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         self.check()
         if not self.name:
-            recipe = self.net + (f"_{self.replay}" if self.net == "recurrent" else "")
+            recipe = self.net + (f"_{self.replay}{'' if self.prev_action else '_noprev'}" if self.net == "recurrent"
+                                 else "")
             self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_keep{self.keep}_sac_{recipe}_seed{self.seed}"
 
     def check(self) -> None:

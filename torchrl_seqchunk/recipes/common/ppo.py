@@ -49,24 +49,31 @@ def update(loss_module, optim: torch.optim.Optimizer, batches: Iterable[TensorDi
            max_grad_norm: float) -> dict[str, float]:
     """One PPO gradient step per batch (its loss times ``weight(batch)``). Returns LOGGED: the losses'
     means over the steps, and ``entropy``, ``clip_fraction``, ``kl_approx`` of the last step (a loss
-    with a ``diagnostics`` switch, as RecurrentPPOLoss, computes them for that step only)."""
+    with a ``diagnostics`` switch, as RecurrentPPOLoss, computes them for that step only; the switch
+    is left as it was). A ValueError if ``batches`` is empty."""
     params = list(loss_module.parameters())
     switch = getattr(loss_module, "module", loss_module)  # under DistributedDataParallel, the loss itself
     switched = isinstance(getattr(switch, "diagnostics", None), bool)
     losses, out, batches = [], None, iter(batches)
-    batch = next(batches, None)
-    while batch is not None:
-        following = next(batches, None)
+    batch, diagnostics = next(batches, None), switch.diagnostics if switched else None
+    try:
+        while batch is not None:
+            following = next(batches, None)
+            if switched:
+                switch.diagnostics = following is None
+            out = loss_module(batch)
+            total = (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]) * weight(batch)
+            optim.zero_grad()
+            total.backward()
+            nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optim.step()
+            losses.append(torch.stack([out["loss_objective"], out["loss_critic"]]).detach())
+            batch = following
+    finally:
         if switched:
-            switch.diagnostics = following is None
-        out = loss_module(batch)
-        total = (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]) * weight(batch)
-        optim.zero_grad()
-        total.backward()
-        nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optim.step()
-        losses.append(torch.stack([out["loss_objective"], out["loss_critic"]]).detach())
-        batch = following
+            switch.diagnostics = diagnostics  # as the caller built it
+    if out is None:
+        raise ValueError("update got no batch: nothing to train on (a rollout with no window or chunk).")
     objective, critic = torch.stack(losses).mean(0).tolist()
     return {"loss_objective": objective, "loss_critic": critic,
             **{name: out[name].item() for name in LOGGED[2:]}}
