@@ -253,7 +253,8 @@ def main() -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {tuple(TASKS)}")
     parser.add_argument("--recipes", default="streams,sequence,slice,ff,framestack,sb3",
-                        help=f"comma-separated, streams first, from {(*RECIPES, 'sb3')}")
+                        help=f"comma-separated, streams first, from {(*RECIPES, 'sb3')} (without streams: a piece "
+                             "of a grid to --merge)")
     parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds of streams")
     parser.add_argument("--other-seeds", default="1,2,3", help="comma-separated seeds of the other recipes")
     parser.add_argument("--frames", type=int, default=50_000, help="env frames per run")
@@ -276,7 +277,8 @@ def main() -> None:
             read_runs([Path(folder) for folder in args.merge.split(",")])
             return
         options.names("tasks", args.tasks, tuple(TASKS))
-        if options.names("recipes", args.recipes, (*RECIPES, "sb3"))[0] != "streams":
+        recipes = options.names("recipes", args.recipes, (*RECIPES, "sb3"))
+        if "streams" in recipes and recipes[0] != "streams":  # without it: a piece of a grid to --merge
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.speed_only and args.no_speed:
             raise ValueError("--speed-only and --no-speed leave nothing to run: give one of them.")
