@@ -11,6 +11,7 @@ from torchrl.collectors import Collector
 from torchrl.data import Bounded, Unbounded
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, StepCounter, TensorDictPrimer, TransformedEnv
 from torchrl.envs.libs.gym import default_info_dict_reader
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import (EGreedyModule, GRUModule, OneHotCategorical, OrnsteinUhlenbeckProcessModule,
                              ProbabilisticActor, QValueModule, SafeModule, TanhNormal)
 
@@ -205,6 +206,30 @@ def test_reset_rnn_step_on_tensors_is_step_mode():
     assert used[0][0].abs().sum() == 0 and torch.equal(used[1][1], state[1][1])  # reset row 0, kept row 1
     with pytest.raises(ValueError, match="absent"):
         rnn.step(x, None, reset)
+
+
+@pytest.mark.parametrize("distribution_class", [OneHotCategorical, torch.distributions.Categorical])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 4, 6)])
+def test_categorical_draws_are_the_distributions(distribution_class, shape, monkeypatch):
+    # the plain-tensor draw of a categorical actor builds no distribution, and draws what it draws
+    actor = ProbabilisticActor(TensorDictModule(lambda x: 3 * x, ["observation"], ["logits"]), in_keys=["logits"],
+                               distribution_class=distribution_class, return_log_prob=True)
+    logits = torch.randn(*shape)
+    step = tensor_policy(actor)
+    torch.manual_seed(7)
+    with set_exploration_type(ExplorationType.RANDOM):
+        want = actor(TensorDict(observation=logits, batch_size=shape[:-1]))
+    with monkeypatch.context() as patch:
+        patch.setattr(ProbabilisticTensorDictModule, "get_dist", lambda *a: pytest.fail("built a distribution"))
+        torch.manual_seed(7)
+        mine = step({"observation": logits})
+    for key in want.keys(True, True):
+        assert torch.equal(mine[key], want[key]), key
+    assert want["action"].shape == (*shape[:-1], shape[-1]) if distribution_class is OneHotCategorical else shape[:-1]
+    # with argument validation on (not TorchRL's default), the distribution is built and validates
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
+    with pytest.raises(ValueError, match="logits"):
+        step({"observation": torch.full(shape, float("nan"))})
 
 
 def sample_action(logits):
