@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 import tempfile
@@ -56,6 +57,9 @@ PUBLISHED = {"pendulum_p": "sb3-contrib RecurrentPPO -217.9 at 100k steps (rl-zo
 GOAL = -180.0  # the issue's goal for streams on both tasks
 SET_HERE = ("env", "keep", "seed", "total_frames", "runs_dir", "name", "progress", "net", "replay", "burn_in")
 """The example's fields the benchmark sets itself: sequence burns in half its windows' T."""
+
+
+SETTINGS = "sac_settings.json"  # a grid's --frames and Config fields, compared by --merge
 
 
 def recipe_options(recipe: str, chosen: dict) -> dict:
@@ -263,7 +267,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench_sac", help="output folder")
     parser.add_argument("--merge", default="",
                         help="comma-separated --out folders of earlier runs (e.g. a grid split over processes): "
-                             "their CSVs joined into --out, with the table, RATIO lines and plot; nothing runs")
+                             "their CSVs joined into --out, with the table, RATIO lines and plot (refused where they ran with "
+                             "other --frames or --options, as their sac_settings.json say); nothing runs")
     parser.add_argument("--speed-only", action="store_true", help="only the speed comparison")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
     parser.add_argument("--speed-frames", type=int, default=4096, help="random-policy frames in the speed buffer")
@@ -308,6 +313,7 @@ def main() -> None:
     if args.speed_only:
         return
     seeds = {r: args.seeds if r == "streams" else args.other_seeds for r in recipes}
+    (out / SETTINGS).write_text(json.dumps({"frames": args.frames, **args.options}, sort_keys=True) + "\n")
     grid = [(t, s, r) for t in tasks for s in sorted(set(args.seeds) | set(args.other_seeds)) for r in recipes
             if s in seeds[r]]
     summaries, curves = {}, {}
@@ -338,15 +344,22 @@ def finish(out: Path, heading: str, summaries: dict, curves: dict, tasks: list, 
     print(f"-> {out}")
 
 
-def read_runs(folders: list[Path]) -> tuple[dict, dict]:
+def read_runs(folders: list[Path]) -> tuple[dict, dict, dict]:
     """The runs in the ``sac_summary.csv`` and ``sac.csv`` of ``folders`` (outputs of this script):
-    ``(summaries, evals)`` by ``(task, recipe, seed)``; a ValueError where a folder lacks them or
-    two hold the same run."""
-    evals, summaries = {}, {}
+    ``(summaries, evals, settings)``, the first two by ``(task, recipe, seed)``, the last the runs'
+    shared ``--frames`` and Config fields (``sac_settings.json``); a ValueError where a folder lacks
+    them, two hold the same run or two ran with other settings."""
+    evals, summaries, settings = {}, {}, {}
     for folder in folders:
-        if not ((folder / "sac_summary.csv").exists() and (folder / "sac.csv").exists()):
-            raise ValueError(f"--merge {folder}: no sac_summary.csv and sac.csv there (give --out folders of "
-                             "earlier runs).")
+        if not all((folder / name).exists() for name in ("sac_summary.csv", "sac.csv", SETTINGS)):
+            raise ValueError(f"--merge {folder}: no sac_summary.csv, sac.csv and {SETTINGS} there (give --out "
+                             "folders of earlier runs).")
+        settings[folder] = json.loads((folder / SETTINGS).read_text())
+        if settings[folder] != settings[folders[0]]:
+            differ = sorted(k for k in {*settings[folder], *settings[folders[0]]}
+                            if settings[folder].get(k) != settings[folders[0]].get(k))
+            raise ValueError(f"--merge: {folder} ran with other settings than {folders[0]} ({', '.join(differ)} "
+                             f"differ in their {SETTINGS}); merge runs of the same --frames and --options only.")
         with open(folder / "sac_summary.csv") as f:
             for row in csv.DictReader(f):
                 key = (row["task"], row["recipe"], int(row["seed"]))
@@ -359,12 +372,13 @@ def read_runs(folders: list[Path]) -> tuple[dict, dict]:
                     {"frames": int(float(row["frames"])), "return_mean": float(row["return_mean"])})
     if not summaries:
         raise ValueError(f"--merge: no run in {', '.join(map(str, folders))} (their CSVs hold a header only).")
-    return summaries, evals
+    return summaries, evals, settings[folders[0]]
 
 
 def merge(folders: list[Path], out: Path) -> None:
     """Joins the runs of ``folders`` (see :func:`read_runs`) into ``out``'s CSVs, table and plot."""
-    summaries, evals = read_runs(folders)
+    summaries, evals, settings = read_runs(folders)
+    (out / SETTINGS).write_text(json.dumps(settings, sort_keys=True) + "\n")
     with open(out / "sac.csv", "w", newline="") as f, open(out / "sac_summary.csv", "w", newline="") as g:
         rows = csv.DictWriter(f, fieldnames=["task", "recipe", "seed", "frames", "return_mean"])
         summary = csv.DictWriter(g, fieldnames=["task", "recipe", "seed", *next(iter(summaries.values()))])

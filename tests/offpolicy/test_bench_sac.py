@@ -1,5 +1,6 @@
 """benchmarks/bench_sac.py: its metrics by hand, its option checks and a tiny grid end to end."""
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,8 @@ def test_tiny_grid_writes_its_tables_and_ratios(tmp_path):
     assert [int(r["frames"]) for r in evals] == [256, 512]
     assert float(summary[0]["final_return"]) == float(evals[-1]["return_mean"])  # the last fifth of 2 points: 1
     assert (tmp_path / "sac.png").stat().st_size > 5000
+    settings = json.loads((tmp_path / bench_sac.SETTINGS).read_text())
+    assert settings["frames"] == 512 and settings["seq_len"] == 8 and settings["eval_episodes"] == 2
 
 
 def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
@@ -67,8 +70,9 @@ def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
     assert summary["final_return"] == evals[-1]["return_mean"]  # the last fifth of 4 points: 1
 
 
-def _write_run(folder: Path, task: str, recipe: str, seed: int, returns: list[float]) -> None:
+def _write_run(folder: Path, task: str, recipe: str, seed: int, returns: list[float], frames: int = 2000) -> None:
     folder.mkdir(exist_ok=True)
+    (folder / bench_sac.SETTINGS).write_text(json.dumps({"frames": frames, "eval_every": 1000}))
     new = not (folder / "sac.csv").exists()
     with open(folder / "sac.csv", "a", newline="") as f, open(folder / "sac_summary.csv", "a", newline="") as g:
         rows = csv.DictWriter(f, fieldnames=["task", "recipe", "seed", "frames", "return_mean"])
@@ -106,6 +110,11 @@ def test_merge_joins_pieces_of_a_grid_and_reports_them_as_one(tmp_path, capsys):
     with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", f"{tmp_path / 'a'},{tmp_path / 'a'}",
                                          "--out", str(out)]):
         assert "is in two folders" in refused(bench_sac.main)
+    assert json.loads((out / bench_sac.SETTINGS).read_text()) == {"frames": 2000, "eval_every": 1000}
+    _write_run(tmp_path / "c", "pendulum_p", "ff", 2, [-900.0, -800.0], frames=4000)  # another budget
+    with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", f"{tmp_path / 'a'},{tmp_path / 'c'}",
+                                         "--out", str(out)]):
+        assert "ran with other settings than" in refused(bench_sac.main)
 
 
 def test_merge_refuses_folders_without_runs_and_leaves_nan_runs_out(tmp_path, capsys):
@@ -113,10 +122,11 @@ def test_merge_refuses_folders_without_runs_and_leaves_nan_runs_out(tmp_path, ca
     run without an evaluation (NaN final return) stays out of the median and the PAIRED line."""
     _write_run(tmp_path / "a", "pendulum_p", "streams", 1, [-900.0, -200.0])
     (tmp_path / "a" / "sac.csv").rename(tmp_path / "a_sac.csv")
-    for args, says in (([str(tmp_path / "a")], "no sac_summary.csv and sac.csv there"),):
+    for args, says in (([str(tmp_path / "a")], "no sac_summary.csv, sac.csv and sac_settings.json there"),):
         with mock.patch.object(sys, "argv", ["bench_sac.py", "--merge", *args, "--out", str(tmp_path / "x")]):
             assert says in refused(bench_sac.main)
     (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / bench_sac.SETTINGS).write_text("{}")
     for name, header in (("sac.csv", "task,recipe,seed,frames,return_mean"),
                          ("sac_summary.csv", "task,recipe,seed,final_return,grad_steps,grad_steps_per_s,wall_s")):
         (tmp_path / "empty" / name).write_text(header + "\n")

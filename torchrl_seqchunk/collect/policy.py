@@ -5,7 +5,9 @@
 ``ProbabilisticActor``) once, and returns a function that calls the same modules, in the same
 order, on a ``dict`` of tensors keyed as the TensorDict would be. The values are those of the
 TensorDict call, draw for draw (the same modules, the same distribution, TorchRL's own
-``sample_and_log_prob``); only the per-step TensorDict work is gone. Any other TensorDict
+``sample_and_log_prob``; a ``Categorical`` or TorchRL ``OneHotCategorical`` on logits drawn
+with the distribution's own ops, op for op, without building it); only the per-step
+TensorDict work is gone. Any other TensorDict
 module (TorchRL's ``QValueModule`` and ``EGreedyModule``, a module with hooks or a spec
 projection, ...) is itself called on a TensorDict of the step's entries, as TorchRL's
 ``Collector`` calls it: the same values, at the cost of that TensorDict.
