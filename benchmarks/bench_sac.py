@@ -48,6 +48,7 @@ from tqdm import tqdm
 from toolkit import checked_config, config_options, options  # benchmarks/toolkit.py
 
 from torchrl_seqchunk.recipes import sac as recurrent_sac
+from torchrl_seqchunk.recipes.common.report import evaluation_points, final_evaluation
 
 TASKS = {"pendulum_p": ("Pendulum-v1", "0,1"), "pendulum_v": ("Pendulum-v1", "2")}
 RECIPES = {"streams": dict(replay="streams"), "sequence": dict(replay="sequence"), "slice": dict(replay="slice"),
@@ -69,21 +70,6 @@ def recipe_options(recipe: str, chosen: dict) -> dict:
     return {**RECIPES[recipe], "burn_in": chosen.get("seq_len", recurrent_sac.Config.seq_len) // 2}
 
 
-def final_return(evals: list[dict]) -> float:
-    """The mean return of the last 20% of the evaluation points (at least one)."""
-    last = evals[-max(1, math.ceil(0.2 * len(evals))):]
-    return statistics.mean(e["return_mean"] for e in last)
-
-
-def evaluations(rows: list[dict]) -> list[dict]:
-    """The evaluation points of a run's rows: ``{"frames", "return_mean"}`` once per evaluation."""
-    points = {}
-    for r in rows:
-        if r["eval_frames"] and not math.isnan(r["eval_return"]):
-            points[int(r["eval_frames"])] = r["eval_return"]
-    return [{"frames": f, "return_mean": v} for f, v in sorted(points.items())]
-
-
 def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
     if recipe == "sb3":
         return run_sb3(task, seed, args)
@@ -92,8 +78,8 @@ def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
         cfg = recurrent_sac.Config(env=env, keep=keep, seed=seed, total_frames=args.frames, runs_dir=runs,
                                    name="cell", progress=False, **recipe_options(recipe, args.options), **args.options)
         rows = recurrent_sac.train(cfg).rows
-    last, evals = rows[-1], evaluations(rows)
-    return evals, {"final_return": final_return(evals), "grad_steps": last["grad_steps"],
+    last, evals = rows[-1], evaluation_points(rows)
+    return evals, {"final_return": final_evaluation(evals), "grad_steps": last["grad_steps"],
                    "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9), "wall_s": last["wall_s"]}
 
 
@@ -125,7 +111,7 @@ def run_sb3(task: str, seed: int, args) -> tuple[list[dict], dict]:
             return True
 
     model.learn(args.frames, callback=Evaluate())
-    return evals, {"final_return": final_return(evals), "grad_steps": float("nan"), "grad_steps_per_s": float("nan"),
+    return evals, {"final_return": final_evaluation(evals), "grad_steps": float("nan"), "grad_steps_per_s": float("nan"),
                    "wall_s": time.perf_counter() - start}
 
 

@@ -1,6 +1,7 @@
 """benchmarks/bench_sac.py: its metrics by hand, its option checks and a tiny grid end to end."""
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_sac  # noqa: E402
 from refusals import refused  # noqa: E402  tests/refusals.py
 
+from torchrl_seqchunk.recipes.common.report import evaluation_points, final_evaluation  # noqa: E402
+
 TINY = ["--tasks", "pendulum_p", "--seeds", "1", "--other-seeds", "1", "--frames", "512", "--eval-every", "256",
         "--eval-episodes", "2", "--options", "learning_starts=128,num_envs=4,batch_rows=4,seq_len=8,hidden=8,cells=8,"
         "replay_ratio=4"]
@@ -23,11 +26,12 @@ TINY = ["--tasks", "pendulum_p", "--seeds", "1", "--other-seeds", "1", "--frames
 def test_final_return_is_the_mean_of_the_last_fifth_of_the_evaluations():
     rows = [{"eval_frames": 0, "eval_return": float("nan")}, {"eval_frames": 1000, "eval_return": -900.0},
             {"eval_frames": 1000, "eval_return": -900.0}, {"eval_frames": 2000, "eval_return": -500.0}]
-    assert bench_sac.evaluations(rows) == [{"frames": 1000, "return_mean": -900.0},
-                                           {"frames": 2000, "return_mean": -500.0}]
+    assert evaluation_points(rows) == [{"frames": 1000, "return_mean": -900.0}, {"frames": 2000, "return_mean": -500.0}]
+    assert evaluation_points([{"frames": 128, "return_mean": 3.0}]) == []  # a run without evaluations
     evals = [{"frames": 1000 * i, "return_mean": float(-100 * i)} for i in range(1, 11)]
-    assert bench_sac.final_return(evals) == -950.0  # the last 2 of 10
-    assert bench_sac.final_return(evals[:3]) == -300.0  # at least one point
+    assert final_evaluation(evals) == -950.0  # the last 2 of 10
+    assert final_evaluation(evals[:3]) == -300.0  # at least one point
+    assert math.isnan(final_evaluation([]))
     assert bench_sac.recipe_options("sequence", {"seq_len": 20}) == {"replay": "sequence", "burn_in": 10}
 
 

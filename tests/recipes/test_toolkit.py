@@ -168,7 +168,13 @@ def test_the_report_writes_nothing_before_its_first_row(tmp_path, capsys):
     assert math.isnan(report.rows[0]["return_mean"]) and row["return_mean"] == 10.5 and row["episodes"] == 2
     assert report.frames_to_target == 256  # two episodes (the window) with a mean of 10.5 >= 10
     assert (old / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert "frames_to_10: 256 best_return: 10.5 final_return: 10.5" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "frames_to_10: 256 best_return: 10.5 final_return: 10.5 wall_s" in printed  # no evaluation columns
+    evaluated = Report(tmp_path / "evaluated", planned_frames=768, progress=False)
+    for frames, (eval_frames, eval_return) in zip((256, 512, 768), ((256, -900.0), (256, -900.0), (768, -300.0))):
+        evaluated.add(frames, [-1000.0], {"eval_frames": eval_frames, "eval_return": eval_return})
+    evaluated.close()
+    assert "final_return: -1000.0 final_eval_return: -300.0 " in capsys.readouterr().out  # the last of 2 points
     empty = Report(tmp_path / "never", planned_frames=1, progress=False)
     empty.close()
     assert not (tmp_path / "never").exists()

@@ -11,7 +11,7 @@
 From Python, on any gymnasium id::
 
     from torchrl_seqchunk.recipes import ppo
-    run = ppo.train(ppo.Config(env="Pendulum-v1", keep="0,1"))  # runs/Pendulum-v1_reset_continue_seed0/
+    run = ppo.train(ppo.Config(env="Pendulum-v1", keep="0,1"))  # runs/Pendulum-v1_keep0,1_reset_continue_seed0/
 
 ``cli`` is the ``seqchunk`` command (also ``python -m torchrl_seqchunk.recipes``); what the
 recipes share (envs, agent, batching, PPO steps, run folder and report, option checks) is the

@@ -45,7 +45,6 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import re
 import warnings
 from datetime import timedelta
 from typing import ClassVar, Literal
@@ -106,8 +105,7 @@ class Config(MainConfig):
         "obs_norm_until": (None, (), " (each worker's env keeps observation statistics of its own, never frozen)")}
 
     def default_name(self) -> str:
-        env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)
-        return f"{env}_streams_{self.engine}_{self.learners}learners_{self.workers}workers_seed{self.seed}"
+        return f"{self.env_name()}_streams_{self.engine}_{self.learners}learners_{self.workers}workers_seed{self.seed}"
 
     def check(self) -> None:
         world = torchrun_world_size()

@@ -58,7 +58,7 @@ def train(cfg: Config) -> Run:
     Examples:
         >>> from torchrl_seqchunk.recipes import ppo
         >>> ppo.Config(env="Pendulum-v1", keep="0,1").name  # the run's folder under runs/
-        'Pendulum-v1_reset_continue_seed0'
+        'Pendulum-v1_keep0,1_reset_continue_seed0'
     """
     cfg.check()  # a Config built in code is checked as a command line is
     out_dir = check_run_folder(cfg.runs_dir, cfg.name, cfg.overwrite)

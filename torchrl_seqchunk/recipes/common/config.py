@@ -167,9 +167,15 @@ class Config(RunConfig):
         if not self.name:
             self.name = self.default_name()
 
+    def env_name(self) -> str:
+        """The env as the run's folder names it: its id, and the kept observation entries where
+        ``--keep`` is not ``auto`` (two runs of one env that observe other entries differ)."""
+        env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)
+        return env if self.keep == "auto" else f"{env}_keep{self.keep}"
+
     def default_name(self) -> str:
         mode = self.boundary_mode if self.batching == "windows" else "streams"
-        return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_{mode}_seed{self.seed}"
+        return f"{self.env_name()}_{mode}_seed{self.seed}"
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError (TypeError for a wrong type) names the flag and the fix."""

@@ -95,6 +95,26 @@ def finished(out_dir: Path) -> bool:
         return False
 
 
+def evaluation_points(rows: list[dict]) -> list[dict]:
+    """A run's evaluations, once each, from its rows (``eval_frames``, ``eval_return`` columns, as
+    ``seqchunk sac`` writes them: the last evaluation repeated until the next): a list of
+    ``{"frames", "return_mean"}`` by frames; empty for a run without those columns."""
+    points = {}
+    for r in rows:
+        if r.get("eval_frames") and not math.isnan(r.get("eval_return", math.nan)):
+            points[int(r["eval_frames"])] = r["eval_return"]
+    return [{"frames": f, "return_mean": v} for f, v in sorted(points.items())]
+
+
+def final_evaluation(points: list[dict]) -> float:
+    """The mean return of the last 20% of the evaluation ``points`` (at least one), the final
+    figure of pomdp-baselines (Ni et al. 2022); NaN for no point."""
+    if not points:
+        return math.nan
+    last = points[-max(1, math.ceil(0.2 * len(points))):]
+    return sum(p["return_mean"] for p in last) / len(last)
+
+
 def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
     """``runs_dir/name``; a ValueError if it holds a finished run and ``overwrite`` is False, or if
     ``runs_dir`` or that folder is a file."""
@@ -109,7 +129,8 @@ def check_run_folder(runs_dir: str, name: str, overwrite: bool) -> Path:
         raise ValueError(f"{out_dir / METRICS}: {err}; pass another --name or --runs-dir.") from None
     if done and not overwrite:
         raise ValueError(f"{out_dir} holds the outputs of an earlier run; pass --name to write "
-                         "elsewhere or --overwrite to replace them.")
+                         "elsewhere or --overwrite to replace them (from Python: name= or overwrite=True in the "
+                         "Config).")
     return out_dir
 
 
@@ -240,6 +261,8 @@ class Report:
         seen = [r["return_mean"] for r in rows if not math.isnan(r["return_mean"])]
         reached = "not reached" if self.frames_to_target is None else self.frames_to_target
         target = f"frames_to_{self.target:g}: {reached} " if self.target is not None else ""
+        points = evaluation_points(rows)
+        evaluated = f"final_eval_return: {final_evaluation(points):.1f} " if points else ""
         print(f"{target}best_return: {max(seen, default=float('nan')):.1f} "
-              f"final_return: {rows[-1]['return_mean']:.1f} wall_s: {rows[-1]['wall_s']} -> {self.out_dir}")
+              f"final_return: {rows[-1]['return_mean']:.1f} {evaluated}wall_s: {rows[-1]['wall_s']} -> {self.out_dir}")
         return Run(self.out_dir, rows, (self.out_dir / METRICS, self.out_dir / CURVE))
