@@ -14,3 +14,4 @@ with ChunkPrefetcher(rb.sample, depth=2) as chunks:  # background thread, chunks
     for _, chunk in zip(range(10), chunks):  # chunk: [4, 16] streams x steps, "is_first" [4, 16, 1]
         loss = rnn(chunk)["features"].pow(2).mean()
         optim.zero_grad(); loss.backward(); optim.step()
+print(chunk.batch_size, chunk["is_first"].sum().item(), loss.item())  # torch.Size([4, 16]), episode starts, loss
