@@ -12,7 +12,7 @@ from torchrl.collectors import Collector
 from torchrl.envs import Compose, InitTracker, RewardSum, SerialEnv, TransformedEnv, VecNormV2
 from torchrl.modules import OneHotCategorical, ProbabilisticActor
 
-from torchrl_seqchunk import EncodeObservation, MaskObservation, ResetRNN, ReturnScaledReward, RunningObservationNorm
+from torchrl_seqchunk import EncodeObservation, MaskObservation, PreviousReward, ResetRNN, ReturnScaledReward, RunningObservationNorm
 from torchrl_seqchunk.envs import SyncVectorGymWrapper, make_masked_env, make_vector_env
 
 
@@ -39,6 +39,28 @@ def test_mask_keeps_positions_and_leaves_dynamics_alone():
         obs, r, term, trunc, _ = masked.step(action)
         np.testing.assert_array_equal(obs, obs_full[[0, 2]])
         assert (r, term, trunc) == (r_full, term_full, trunc_full)
+
+
+def test_previous_reward_appends_the_last_steps_reward_and_zero_after_a_reset():
+    env, plain = PreviousReward(gym.make("Pendulum-v1")), gym.make("Pendulum-v1")
+    assert env.observation_space.shape == (4,) and env.observation_space.dtype == np.float32
+    obs, _ = env.reset(seed=3)
+    want, _ = plain.reset(seed=3)
+    assert obs.dtype == np.float32 and np.array_equal(obs, np.append(want, 0.0).astype(np.float32))
+    for action in ([2.0], [-1.0], [0.5]):
+        obs, reward, *_ = env.step(np.array(action, dtype=np.float32))
+        want, want_reward, *_ = plain.step(np.array(action, dtype=np.float32))
+        assert reward == want_reward and np.array_equal(obs[:3], want) and obs[3] == np.float32(want_reward)
+    assert env.reset(seed=4)[0][3] == 0.0
+    with pytest.raises(TypeError, match="1-D float Box"):
+        PreviousReward(gym.make("FrozenLake-v1"))
+    # through TorchRL, after the mask: [kept entries, previous reward]; a batch of them alike
+    td = make_masked_env("Pendulum-v1", keep=(2,), prev_reward=True).rollout(3)
+    assert td["observation"].shape == (3, 2) and td["observation"][0, 1] == 0
+    assert torch.equal(td["next", "observation"][:, 1], td["next", "reward"][:, 0])
+    assert torch.equal(td["observation"][1:, 1], td["next", "reward"][:-1, 0])
+    vector = make_vector_env("Pendulum-v1", 2, keep=(2,), prev_reward=True)
+    assert vector.reset()["observation"].shape == (2, 2)
 
 
 def test_mask_order_and_negative_indices():

@@ -31,6 +31,7 @@ _EXPORTS = {
     "tensor_policy": "collect.policy",
     "EncodeObservation": "envs",
     "MaskObservation": "envs",
+    "PreviousReward": "envs",
     "ReturnScaledReward": "reward_norm",
     "RunningObservationNorm": "reward_norm",
     "TagTrajectories": "distributed.writers",

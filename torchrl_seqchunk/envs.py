@@ -5,7 +5,8 @@
 vector (one-hots for the discrete parts), so that the first linear layer of a policy can read
 it. :class:`MaskObservation` keeps a subset of a flat ``Box`` observation, e.g. CartPole-v1
 without its two velocity components, so that a policy must infer them from memory.
-:func:`make_masked_env` builds an env encoded, optionally masked, and wrapped for TorchRL;
+:class:`PreviousReward` appends the previous step's reward to it, an input recurrent agents
+commonly read. :func:`make_masked_env` builds an env encoded, optionally masked, and wrapped for TorchRL;
 it is a module-level function, so ``functools.partial(make_masked_env, ...)`` pickles into
 ``ParallelEnv`` workers. :func:`make_vector_env` builds a batch of them stepped in this process
 by one gymnasium ``SyncVectorEnv``, several times faster than a ``SerialEnv`` of cheap envs and
@@ -24,7 +25,7 @@ from torchrl.envs.libs.gym import _gym_to_torchrl_spec_transform
 
 from ._checks import check_int
 
-__all__ = ["EncodeObservation", "MaskObservation", "SyncVectorGymWrapper", "make_masked_env", "make_vector_env",
+__all__ = ["EncodeObservation", "MaskObservation", "PreviousReward", "SyncVectorGymWrapper", "make_masked_env", "make_vector_env",
            "DEFAULT_KEEP"]
 
 #: Observation indices kept by default for well-known tasks (positions without velocities).
@@ -221,7 +222,56 @@ class MaskObservation(gym.ObservationWrapper):
         return observation[self.keep]
 
 
-def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="cpu", **make_kwargs):
+class PreviousReward(gym.Wrapper):
+    """Append the previous step's reward to a flat ``Box`` observation (0 after a reset).
+
+    Every observation ``obs`` ``[D]`` becomes ``[*obs, r]`` ``[D + 1]`` in the observation's
+    dtype: ``r`` the reward of the step that led to it, 0 for the first observation of an
+    episode. Recurrent agents from replay read it beside the previous action (Ni, Eysenbach and
+    Salakhutdinov 2022, "Recurrent Model-Free RL Can Be a Strong Baseline for Many POMDPs", feed
+    both to their encoders); where the reward is a function of hidden state (Pendulum's cost of
+    the angle) it observes that function. Rewards, termination and truncation are unchanged.
+
+    Args:
+        env (gymnasium.Env): an env whose observation space is a 1-D float ``gymnasium.spaces.Box``.
+
+    Raises:
+        TypeError: if the observation space is not a 1-D float ``Box``.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> env = PreviousReward(gym.make("CartPole-v1"))
+        >>> env.observation_space.shape, float(env.reset(seed=0)[0][-1])
+        ((5,), 0.0)
+        >>> float(env.step(0)[0][-1])  # CartPole's reward of the step
+        1.0
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        if (not isinstance(space, gym.spaces.Box) or len(space.shape) != 1
+                or not np.issubdtype(space.dtype, np.floating)):
+            raise TypeError(f"PreviousReward needs a 1-D float Box observation space, got env.observation_space="
+                            f"{space}; encode it first (EncodeObservation).")
+        self.observation_space = gym.spaces.Box(low=np.append(space.low, -np.inf).astype(space.dtype),
+                                                high=np.append(space.high, np.inf).astype(space.dtype),
+                                                dtype=space.dtype)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._with(obs, 0.0), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with(obs, reward), reward, terminated, truncated, info
+
+    def _with(self, obs, reward) -> np.ndarray:
+        return np.append(obs, np.asarray(reward, dtype=self.observation_space.dtype))
+
+
+def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="cpu", prev_reward: bool = False,
+                    **make_kwargs):
     """Build ``env_id`` as a TorchRL env with a flat float32 observation, keeping the indices ``keep``.
 
     The gymnasium env is wrapped in :class:`EncodeObservation` (any supported observation space
@@ -241,11 +291,14 @@ def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="c
 
     Keyword Args:
         device (torch.device or str): device of the TorchRL env's tensors. Defaults to ``"cpu"``.
+        prev_reward (bool): append the previous step's reward after the kept entries
+            (:class:`PreviousReward`). Defaults to ``False``.
         **make_kwargs: passed to ``gymnasium.make``.
 
     Returns:
         torchrl.envs.GymWrapper: float32 observation under ``"observation"`` with shape ``[D]``,
-        ``D`` the encoded size (:class:`EncodeObservation`), or ``[len(keep)]``.
+        ``D`` the encoded size (:class:`EncodeObservation`), or ``[len(keep)]`` (one more with
+        ``prev_reward``).
 
     Raises:
         TypeError: if the observation space cannot be encoded (:class:`EncodeObservation`), or
@@ -264,12 +317,13 @@ def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="c
         >>> SerialEnv(2, functools.partial(make_masked_env, "CartPole-v1", (0, 2))).reset()["observation"].shape
         torch.Size([2, 2])
     """
-    return GymWrapper(_encoded(env_id, keep, make_kwargs), device=device)
+    return GymWrapper(_encoded(env_id, keep, make_kwargs, prev_reward), device=device)
 
 
-def _encoded(env_id: str, keep: Sequence[int] | None, make_kwargs: dict) -> gym.Env:
+def _encoded(env_id: str, keep: Sequence[int] | None, make_kwargs: dict, prev_reward: bool = False) -> gym.Env:
     env = EncodeObservation(gym.make(env_id, **make_kwargs))
-    return env if keep is None else MaskObservation(env, keep)
+    env = env if keep is None else MaskObservation(env, keep)
+    return PreviousReward(env) if prev_reward else env
 
 
 class SyncVectorGymWrapper(GymWrapper):
@@ -340,7 +394,7 @@ class SyncVectorGymWrapper(GymWrapper):
 
 
 def make_vector_env(env_id: str, num_envs: int, keep: Sequence[int] | None = None, *, device="cpu",
-                    **make_kwargs) -> SyncVectorGymWrapper:
+                    prev_reward: bool = False, **make_kwargs) -> SyncVectorGymWrapper:
     """Build ``num_envs`` copies of :func:`make_masked_env`'s env, stepped in this process as one batch.
 
     Each copy is the gymnasium env :func:`make_masked_env` wraps (encoded by
@@ -366,6 +420,7 @@ def make_vector_env(env_id: str, num_envs: int, keep: Sequence[int] | None = Non
 
     Keyword Args:
         device (torch.device or str): device of the TorchRL env's tensors. Defaults to ``"cpu"``.
+        prev_reward (bool): append the previous step's reward (:class:`PreviousReward`).
         **make_kwargs: passed to ``gymnasium.make`` for every env (``max_episode_steps=...``).
 
     Returns:
@@ -381,6 +436,6 @@ def make_vector_env(env_id: str, num_envs: int, keep: Sequence[int] | None = Non
         (torch.Size([4]), torch.Size([4, 2]))
     """
     check_int("num_envs", num_envs, low=1)
-    factory = functools.partial(_encoded, env_id, None if keep is None else tuple(keep), make_kwargs)
+    factory = functools.partial(_encoded, env_id, None if keep is None else tuple(keep), make_kwargs, prev_reward)
     vector = gym.vector.SyncVectorEnv([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     return SyncVectorGymWrapper(vector, device=device)

@@ -116,6 +116,24 @@ def test_encoders_read_the_previous_action_zeros_at_each_episode_start(replay, t
         recurrent_sac.Config(net="ff", prev_action=False)
 
 
+def test_prev_reward_puts_the_last_reward_in_every_stored_observation(tmp_path):
+    """--prev-reward: the replayed steps' observation ends with the previous step's reward (0 at
+    is_init), their next observation with the step's own; the encoders read one more entry."""
+    cfg = recurrent_sac.Config(runs_dir=str(tmp_path), **{**TINY, "max_episode_steps": 10}, keep="2",
+                               prev_reward=True)
+    assert cfg.name == "Pendulum-v1_keep2_sac_recurrent_streams_prevreward_seed0"
+    nets = recurrent_sac.make_nets(cfg, recurrent_sac.make_env(cfg, [], 1, 0))
+    env = recurrent_sac.make_env(cfg, nets["rnns"][:1], 4, 0)
+    batch = env.rollout(25, nets["act"], break_when_any_done=False)  # [4, 25]: episodes of 10 steps
+    obs, first = batch["observation"], batch["is_init"].squeeze(-1)
+    assert obs.shape == (4, 25, 2) and (obs[..., 1][first] == 0).all()
+    assert torch.equal(batch["next", "observation"][..., 1], batch["next", "reward"][..., 0])
+    assert torch.equal(obs[:, 1:, 1][~first[:, 1:]], batch["next", "reward"][:, :-1, 0][~first[:, 1:]])
+    assert nets["actor"].module[0].module[0].module[0].in_features == 2 + 1  # observation, previous action
+    run = recurrent_sac.train(cfg)
+    assert run.rows[-1]["grad_steps"] > 0
+
+
 @pytest.mark.slow
 def test_streams_learns_pendulum_p_within_minutes(tmp_path):
     """From about -1250 (the untrained policy's deterministic return on Pendulum-P, -1150 to -1450

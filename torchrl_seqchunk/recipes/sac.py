@@ -10,6 +10,7 @@ everything else equal (frames, gradient steps, learned steps per gradient step):
     seqchunk sac --net ff                # TorchRL's SACLoss, an MLP on the partial observation
     seqchunk sac --net framestack        # TorchRL's SACLoss on CatFrames' last 4 observations
     seqchunk sac --keep 2                # Pendulum-V: the angular velocity only
+    seqchunk sac --keep 2 --prev-reward  # ... and the previous reward (pomdp-baselines' inputs)
 
 Pipeline per collector batch:
   1. the collector steps `num_envs` envs with the stochastic actor (ResetRNN in step mode: the
@@ -101,6 +102,9 @@ class Config(RunConfig):
     """recurrent only: n of the n-step targets"""
     prev_action: bool = True
     """recurrent only: both encoders also read the previous action (zeros at an episode's first step), as Ni et al. (2022)"""
+    prev_reward: bool = False
+    """the observation ends with the previous step's reward (0 at an episode's first step; PreviousReward), as Ni
+    et al. (2022) feed it; on Pendulum it observes the cost of the angle"""
     lr: float = 3e-4
     """Adam learning rate of the actor, the critics and the temperature, > 0"""
     tau: float = 0.005
@@ -123,7 +127,7 @@ class Config(RunConfig):
         self.check()
         if not self.name:
             recipe = self.net + (f"_{self.replay}{'' if self.prev_action else '_noprev'}" if self.net == "recurrent"
-                                 else "")
+                                 else "") + ("_prevreward" if self.prev_reward else "")
             self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_keep{self.keep}_sac_{recipe}_seed{self.seed}"
 
     def check(self) -> None:

@@ -39,10 +39,11 @@ def make_env(cfg, *, warn: bool = False) -> TransformedEnv:
     """The batched, transformed env of the run; ``warn``: say once per run if --keep auto knows no mask."""
     limit = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
     keep = kept_indices(cfg, warn=warn)
+    prev_reward = getattr(cfg, "prev_reward", False)  # a recipe's option (seqchunk sac's)
     if cfg.env_batching == "vector":  # the episodes of serial for the same seed, several times faster
-        batched = make_vector_env(cfg.env, cfg.num_envs, keep, **limit)
+        batched = make_vector_env(cfg.env, cfg.num_envs, keep, prev_reward=prev_reward, **limit)
     else:
-        factory = functools.partial(make_masked_env, cfg.env, keep, **limit)  # picklable for workers
+        factory = functools.partial(make_masked_env, cfg.env, keep, prev_reward=prev_reward, **limit)  # picklable
         batched = {"serial": SerialEnv, "parallel": ParallelEnv}[cfg.env_batching](cfg.num_envs, factory)
     # TorchRL's is_init: True on the first step of every episode, what ResetRNN's step mode resets on.
     transforms = [InitTracker(), RewardSum()]  # RewardSum: the raw return
