@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -61,6 +62,13 @@ SET_HERE = ("env", "keep", "seed", "total_frames", "runs_dir", "name", "progress
 
 
 SETTINGS = "sac_settings.json"  # a grid's --frames and Config fields, compared by --merge
+
+
+def settings(args) -> dict:
+    """What every run of a grid shares: ``--frames`` and the recipe Config's fields as ``--options``
+    resolves them (defaults included; those set per run left out), as ``sac_settings.json`` holds them."""
+    config = dataclasses.asdict(recurrent_sac.Config(**{"progress": False, **args.options}))
+    return {"frames": args.frames, **{k: v for k, v in config.items() if k not in SET_HERE}}
 
 
 def recipe_options(recipe: str, chosen: dict) -> dict:
@@ -299,7 +307,7 @@ def main() -> None:
     if args.speed_only:
         return
     seeds = {r: args.seeds if r == "streams" else args.other_seeds for r in recipes}
-    (out / SETTINGS).write_text(json.dumps({"frames": args.frames, **args.options}, sort_keys=True) + "\n")
+    (out / SETTINGS).write_text(json.dumps(settings(args), sort_keys=True) + "\n")
     grid = [(t, s, r) for t in tasks for s in sorted(set(args.seeds) | set(args.other_seeds)) for r in recipes
             if s in seeds[r]]
     summaries, curves = {}, {}
@@ -337,9 +345,10 @@ def read_runs(folders: list[Path]) -> tuple[dict, dict, dict]:
     them, two hold the same run or two ran with other settings."""
     evals, summaries, settings = {}, {}, {}
     for folder in folders:
-        if not all((folder / name).exists() for name in ("sac_summary.csv", "sac.csv", SETTINGS)):
-            raise ValueError(f"--merge {folder}: no sac_summary.csv, sac.csv and {SETTINGS} there (give --out "
-                             "folders of earlier runs).")
+        missing = [name for name in ("sac_summary.csv", "sac.csv", SETTINGS) if not (folder / name).exists()]
+        if missing:
+            raise ValueError(f"--merge {folder}: no {' and '.join(missing)} there (give --out folders of earlier "
+                             f"runs; {SETTINGS}: what a grid ran with, written since it is compared).")
         settings[folder] = json.loads((folder / SETTINGS).read_text())
         if settings[folder] != settings[folders[0]]:
             differ = sorted(k for k in {*settings[folder], *settings[folders[0]]}

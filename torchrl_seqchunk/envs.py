@@ -225,11 +225,11 @@ class MaskObservation(gym.ObservationWrapper):
 class PreviousReward(gym.Wrapper):
     """Append the previous step's reward to a flat ``Box`` observation (0 after a reset).
 
-    Every observation ``obs`` ``[D]`` becomes ``[*obs, r]`` ``[D + 1]`` in the observation's
-    dtype: ``r`` the reward of the step that led to it, 0 for the first observation of an
-    episode. Recurrent agents from replay read it beside the previous action (Ni, Eysenbach and
-    Salakhutdinov 2022, "Recurrent Model-Free RL Can Be a Strong Baseline for Many POMDPs", feed
-    both to their encoders); where the reward is a function of hidden state (Pendulum's cost of
+    Every observation ``obs`` ``[D]`` becomes ``[*obs, r]`` ``[D + 1]`` in the observation
+    space's dtype: ``r`` the reward of the step that led to it, 0 for the first observation of
+    an episode (its bounds are infinite). Recurrent agents from replay read it beside the
+    previous action (Ni, Eysenbach and Salakhutdinov 2022, "Recurrent Model-Free RL Can Be a
+    Strong Baseline for Many POMDPs", feed both to their encoders); where the reward is a function of hidden state (Pendulum's cost of
     the angle) it observes that function. Rewards, termination and truncation are unchanged.
 
     Args:
@@ -267,7 +267,7 @@ class PreviousReward(gym.Wrapper):
         return self._with(obs, reward), reward, terminated, truncated, info
 
     def _with(self, obs, reward) -> np.ndarray:
-        return np.append(obs, np.asarray(reward, dtype=self.observation_space.dtype))
+        return np.append(obs, reward).astype(self.observation_space.dtype, copy=False)
 
 
 def make_masked_env(env_id: str, keep: Sequence[int] | None = None, *, device="cpu", prev_reward: bool = False,

@@ -224,8 +224,8 @@ def test_categorical_draws_are_the_distributions(distribution_class, shape, monk
         torch.manual_seed(7)
         mine = step({"observation": logits})
     for key in want.keys(True, True):
-        assert torch.equal(mine[key], want[key]), key
-    assert want["action"].shape == (*shape[:-1], shape[-1]) if distribution_class is OneHotCategorical else shape[:-1]
+        assert torch.equal(mine[key], want[key]) and mine[key].dtype == want[key].dtype, key
+    assert want["action"].shape == ((*shape[:-1], shape[-1]) if distribution_class is OneHotCategorical else shape[:-1])
     # with argument validation on (not TorchRL's default), the distribution is built and validates
     monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
     with pytest.raises(ValueError, match="logits"):

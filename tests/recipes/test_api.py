@@ -21,6 +21,9 @@ def test_a_few_lines_train_recurrent_ppo_on_any_gymnasium_id(tmp_path):
     run = ppo.train(ppo.Config(env="Pendulum-v1", keep="0,1", total_frames=256, num_envs=2, runs_dir=str(tmp_path),
                                progress=False))
     assert run.out_dir == tmp_path / "Pendulum-v1_keep0,1_reset_continue_seed0"
+    assert ppo.Config(env="Pendulum-v1", keep="0, 1").name == run.out_dir.name  # the indices, as parsed
+    long = ppo.Config(env="Taxi-v3", keep=",".join(map(str, range(100)))).name  # a count and a digest
+    assert long.startswith("Taxi-v3_keep100of") and len(long) < 64 and ppo.Config().name == "CartPole-v1_reset_continue_seed0"
     assert [r["frames"] for r in run.rows] == [64, 128, 192, 256]  # 2 envs x 32 steps per iteration
     assert run.files == (run.metrics, run.out_dir / "learning_curve.png") and all(p.exists() for p in run.files)
     assert all(math.isfinite(r["loss_critic"]) for r in run.rows)

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 from typing import ClassVar, Literal
 
@@ -57,7 +56,7 @@ from torchrl_seqchunk.envs import make_masked_env
 from . import dqn_replay
 from .common import envs, options
 from .common.agent import recurrent_layer
-from .common.config import RunConfig
+from .common.config import RunConfig, env_name
 from .common.report import Report, Run, check_run_folder, finished_returns
 
 __all__ = ["Config", "Run", "check_command", "make_loss", "make_qnet", "train"]
@@ -139,8 +138,7 @@ class Config(RunConfig):
             # the recipe's shape, where it differs from the defaults (an ablation gets a folder of its own)
             shape = "".join(f"_{field.replace('_', '-')}{getattr(self, field)}" for field in NAMED
                             if getattr(self, field) != getattr(Config, field))
-            self.name = (f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_dqn_{self.replay}_{start}{shape}"
-                         f"_seed{self.seed}")
+            self.name = f"{env_name(self.env, self.keep)}_dqn_{self.replay}_{start}{shape}_seed{self.seed}"
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import re
 import time
 from typing import ClassVar, Literal
 
@@ -46,7 +45,7 @@ from torchrl.objectives import SACLoss, SoftUpdate
 from torchrl_seqchunk import RecurrentSACLoss, ResetRNN, StreamChunkSampler
 
 from .common import envs, options, report
-from .common.config import RunConfig
+from .common.config import RunConfig, env_name
 from .common.report import Run
 from .common.windows import mark_outside
 
@@ -104,7 +103,8 @@ class Config(RunConfig):
     """recurrent only: both encoders also read the previous action (zeros at an episode's first step), as Ni et al. (2022)"""
     prev_reward: bool = False
     """the observation ends with the previous step's reward (0 at an episode's first step; PreviousReward), as Ni
-    et al. (2022) feed it; on Pendulum it observes the cost of the angle"""
+    et al. (2022) feed it; on Pendulum it observes the cost of the angle. The env's raw reward: --obs-norm
+    normalizes it with the observation, --reward-norm scales only the reward trained on"""
     lr: float = 3e-4
     """Adam learning rate of the actor, the critics and the temperature, > 0"""
     tau: float = 0.005
@@ -128,7 +128,7 @@ class Config(RunConfig):
         if not self.name:
             recipe = self.net + (f"_{self.replay}{'' if self.prev_action else '_noprev'}" if self.net == "recurrent"
                                  else "") + ("_prevreward" if self.prev_reward else "")
-            self.name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.env)}_keep{self.keep}_sac_{recipe}_seed{self.seed}"
+            self.name = f"{env_name(self.env, self.keep)}_sac_{recipe}_seed{self.seed}"
 
     def check(self) -> None:
         """Every option against its meaning; a ValueError names the flag and the fix."""

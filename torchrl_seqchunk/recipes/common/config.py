@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 from typing import ClassVar, Literal
@@ -18,6 +19,19 @@ def uncovered_steps(rollout_len: int, window: int, stride: int) -> int:
     starts = range(0, rollout_len - window + 1, stride)
     covered = set().union(*(range(s, s + window) for s in starts))
     return rollout_len - len(covered)
+
+
+def env_name(env: str, keep: str) -> str:
+    """The env as a run's folder names it: its id, and the kept observation entries where ``keep``
+    is not ``"auto"`` (two runs of one env that observe other entries get other folders): their
+    indices (``keep0,1``), or for a list of more than 32 characters their count and a digest."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", env)
+    if keep == "auto":
+        return name
+    kept = "all" if keep == "all" else ",".join(str(int(i)) for i in keep.split(","))
+    if len(kept) > 32:
+        kept = f"{kept.count(',') + 1}of{hashlib.sha1(kept.encode()).hexdigest()[:8]}"
+    return f"{name}_keep{kept}"
 
 
 @dataclasses.dataclass
@@ -168,10 +182,8 @@ class Config(RunConfig):
             self.name = self.default_name()
 
     def env_name(self) -> str:
-        """The env as the run's folder names it: its id, and the kept observation entries where
-        ``--keep`` is not ``auto`` (two runs of one env that observe other entries differ)."""
-        env = re.sub(r"[^A-Za-z0-9_.-]", "_", self.env)
-        return env if self.keep == "auto" else f"{env}_keep{self.keep}"
+        """The env as the run's folder names it (:func:`env_name`)."""
+        return env_name(self.env, self.keep)
 
     def default_name(self) -> str:
         mode = self.boundary_mode if self.batching == "windows" else "streams"
