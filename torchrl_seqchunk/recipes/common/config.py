@@ -28,7 +28,10 @@ def env_name(env: str, keep: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", env)
     if keep == "auto":
         return name
-    kept = "all" if keep == "all" else ",".join(str(int(i)) for i in keep.split(","))
+    try:
+        kept = "all" if keep == "all" else ",".join(str(int(i)) for i in keep.split(","))
+    except ValueError:  # not indices: the name of a Config its check() refuses
+        kept = re.sub(r"[^A-Za-z0-9_.,-]", "_", keep)
     if len(kept) > 32:
         kept = f"{kept.count(',') + 1}of{hashlib.sha1(kept.encode()).hexdigest()[:8]}"
     return f"{name}_keep{kept}"
