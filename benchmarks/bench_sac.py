@@ -93,17 +93,19 @@ def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
 
 def run_sb3(task: str, seed: int, args) -> tuple[list[dict], dict]:
     """sb3-contrib RecurrentPPO with rl-zoo's PendulumNoVel-v1 ``ppo_lstm`` settings, evaluated every
-    ``--eval-every`` frames on ``--eval-episodes`` deterministic episodes."""
+    ``--eval-every`` frames on ``--eval-episodes`` deterministic episodes; the previous reward appended
+    to the observation where ``--options prev_reward=True`` (the other options are the recipe's)."""
     import gymnasium as gym
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    from torchrl_seqchunk import MaskObservation
+    from torchrl_seqchunk import MaskObservation, PreviousReward
 
     env_id, keep = TASKS[task]
-    make = lambda: MaskObservation(gym.make(env_id), [int(i) for i in keep.split(",")])  # noqa: E731
+    wrap = PreviousReward if args.options.get("prev_reward") else (lambda env: env)
+    make = lambda: wrap(MaskObservation(gym.make(env_id), [int(i) for i in keep.split(",")]))  # noqa: E731
     model = RecurrentPPO("MlpLstmPolicy", make_vec_env(make, n_envs=4, seed=seed), n_steps=1024, gae_lambda=0.95,
                          gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True,
                          sde_sample_freq=4, seed=seed, policy_kwargs=dict(
