@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -91,21 +92,28 @@ def run(task: str, recipe: str, seed: int, args) -> tuple[list[dict], dict]:
                    "grad_steps_per_s": last["grad_steps"] / max(last["learn_s"], 1e-9), "wall_s": last["wall_s"]}
 
 
+def sb3_env(task: str, prev_reward: bool = False):
+    """The gymnasium env of ``task`` for sb3-contrib: the kept entries, then the previous reward
+    where ``prev_reward`` (as ``seqchunk sac --prev-reward``)."""
+    import gymnasium as gym
+
+    from torchrl_seqchunk import MaskObservation, PreviousReward
+
+    env_id, keep = TASKS[task]
+    env = MaskObservation(gym.make(env_id), [int(i) for i in keep.split(",")])
+    return PreviousReward(env) if prev_reward else env
+
+
 def run_sb3(task: str, seed: int, args) -> tuple[list[dict], dict]:
     """sb3-contrib RecurrentPPO with rl-zoo's PendulumNoVel-v1 ``ppo_lstm`` settings, evaluated every
     ``--eval-every`` frames on ``--eval-episodes`` deterministic episodes; the previous reward appended
     to the observation where ``--options prev_reward=True`` (the other options are the recipe's)."""
-    import gymnasium as gym
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    from torchrl_seqchunk import MaskObservation, PreviousReward
-
-    env_id, keep = TASKS[task]
-    wrap = PreviousReward if args.options.get("prev_reward") else (lambda env: env)
-    make = lambda: wrap(MaskObservation(gym.make(env_id), [int(i) for i in keep.split(",")]))  # noqa: E731
+    make = functools.partial(sb3_env, task, args.options.get("prev_reward", False))
     model = RecurrentPPO("MlpLstmPolicy", make_vec_env(make, n_envs=4, seed=seed), n_steps=1024, gae_lambda=0.95,
                          gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True,
                          sde_sample_freq=4, seed=seed, policy_kwargs=dict(

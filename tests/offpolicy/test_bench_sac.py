@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,11 +72,26 @@ def test_tiny_grid_writes_its_tables_and_ratios(tmp_path):
 
 def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
     pytest.importorskip("sb3_contrib")
-    args = mock.Mock(frames=4096, eval_every=1024, eval_episodes=2)  # one rollout of 4 envs x 1024 steps
+    args = mock.Mock(frames=4096, eval_every=1024, eval_episodes=2, options={})  # one rollout of 4 envs x 1024 steps
     evals, summary = bench_sac.run_sb3("pendulum_p", 1, args)
     assert [e["frames"] for e in evals] == [1024, 2048, 3072, 4096]
     assert all(-16.3 * 200 <= e["return_mean"] <= 0 for e in evals)
     assert summary["final_return"] == evals[-1]["return_mean"]  # the last fifth of 4 points: 1
+
+
+@pytest.mark.parametrize("task, kept", [("pendulum_p", [0, 1]), ("pendulum_v", [2])])
+def test_sb3_env_keeps_the_tasks_entries_and_appends_the_previous_reward_when_asked(task, kept):
+    plain, env = gym.make("Pendulum-v1"), bench_sac.sb3_env(task, prev_reward=True)
+    assert bench_sac.sb3_env(task).observation_space.shape == (len(kept),)
+    assert env.observation_space.shape == (len(kept) + 1,)
+    full, _ = plain.reset(seed=3)
+    obs, _ = env.reset(seed=3)
+    np.testing.assert_allclose(obs, [*full[kept], 0.0], rtol=1e-6)
+    for action in ([1.5], [-2.0]):
+        full, reward, *_ = plain.step(np.array(action, dtype=np.float32))
+        obs, same_reward, *_ = env.step(np.array(action, dtype=np.float32))
+        assert same_reward == reward
+        np.testing.assert_allclose(obs, [*full[kept], reward], rtol=1e-6)
 
 
 def _write_run(folder: Path, task: str, recipe: str, seed: int, returns: list[float], frames: int = 2000) -> None:
