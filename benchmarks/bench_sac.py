@@ -13,7 +13,7 @@ Every run is ``seqchunk sac`` with its defaults (or the same ``--options``) and 
 Per run: a deterministic evaluation every ``--eval-every`` frames (``--eval-episodes`` episodes side by
 side); the final return is the mean of the last 20% of the evaluation points (pomdp-baselines'
 rule); gradient steps per second of learning time. Beside them, sb3-contrib's ``RecurrentPPO``
-(rl-zoo's ``ppo_lstm`` settings for PendulumNoVel-v1), evaluated the same way, where installed (the
+(rl-zoo's tuned ``ppo_lstm`` entry for PendulumNoVel-v1, its ``VecNormalize`` included), evaluated the same way, where installed (the
 ``bench`` extra); else the published figures are printed as references.
 
 Before the grid (unless ``--no-speed``; alone with ``--speed-only``) it times gradient steps per second
@@ -105,30 +105,45 @@ def sb3_env(task: str, prev_reward: bool = False):
 
 
 def run_sb3(task: str, seed: int, args) -> tuple[list[dict], dict]:
-    """sb3-contrib RecurrentPPO with rl-zoo's PendulumNoVel-v1 ``ppo_lstm`` settings, evaluated every
-    ``--eval-every`` frames on ``--eval-episodes`` deterministic episodes; the previous reward appended
+    """sb3-contrib RecurrentPPO with rl-zoo's tuned PendulumNoVel-v1 ``ppo_lstm`` entry (its
+    ``VecNormalize`` of observations and rewards included; evaluation on the raw rewards with the
+    training statistics), evaluated every ``--eval-every`` frames on ``--eval-episodes``
+    deterministic episodes: the policy acting at that frame, and after a rollout's update where the
+    rollout ends; once more after the last update. Runs whole rollouts of 4 x 1024 frames past
+    ``--frames`` (as the recipes round up to whole collector batches). The previous reward appended
     to the observation where ``--options prev_reward=True`` (the other options are the recipe's)."""
     from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common import evaluation
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalization
 
     make = functools.partial(sb3_env, task, args.options.get("prev_reward", False))
-    model = RecurrentPPO("MlpLstmPolicy", make_vec_env(make, n_envs=4, seed=seed), n_steps=1024, gae_lambda=0.95,
-                         gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3, clip_range=0.2, use_sde=True,
-                         sde_sample_freq=4, seed=seed, policy_kwargs=dict(
-                             ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
-                             enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
-    evals, eval_env, start = [], make_vec_env(make, n_envs=1, seed=seed + 10**6), time.perf_counter()
+    env = VecNormalize(make_vec_env(make, n_envs=4, seed=seed), gamma=0.9)  # rl-zoo's normalize: True, its gamma
+    eval_env = VecNormalize(make_vec_env(make, n_envs=1, seed=seed + 10**6), training=False, norm_reward=False)
+    model = RecurrentPPO("MlpLstmPolicy", env, n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
+                         learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4, seed=seed,
+                         policy_kwargs=dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=64,
+                                            enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
+    rollout, evals, start = model.n_steps * model.n_envs, [], time.perf_counter()
+
+    def evaluate() -> None:
+        sync_envs_normalization(env, eval_env)
+        mean, _ = evaluation.evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
+        evals.append({"frames": model.num_timesteps, "return_mean": float(mean)})
 
     class Evaluate(BaseCallback):
-        def _on_step(self) -> bool:
-            if self.num_timesteps // args.eval_every > len(evals):
-                mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=True)
-                evals.append({"frames": self.num_timesteps, "return_mean": float(mean)})
+        def _on_step(self) -> bool:  # inside a rollout: the policy it acts with
+            if self.num_timesteps % rollout and self.num_timesteps // args.eval_every > len(evals):
+                evaluate()
             return True
 
+        def _on_rollout_start(self) -> None:  # after the last rollout's update
+            if self.num_timesteps // args.eval_every > len(evals):
+                evaluate()
+
     model.learn(args.frames, callback=Evaluate())
+    evaluate()  # the last update, which no rollout follows
     return evals, {"final_return": final_evaluation(evals), "grad_steps": float("nan"), "grad_steps_per_s": float("nan"),
                    "wall_s": time.perf_counter() - start}
 
@@ -291,7 +306,10 @@ def main() -> None:
             raise ValueError("--recipes must start with streams (the others are compared with it).")
         if args.speed_only and args.no_speed:
             raise ValueError("--speed-only and --no-speed leave nothing to run: give one of them.")
-        args.options = config_options(recurrent_sac.Config, args.options, SET_HERE)
+        args.options = config_options(recurrent_sac.Config, args.options, (*SET_HERE, "eval_every", "eval_episodes"))
+        if "sb3" in recipes and args.options.get("max_episode_steps"):
+            raise ValueError("--recipes sb3 runs Pendulum's own 200-step episodes (rl-zoo's setting): drop "
+                             "max_episode_steps from --options, or sb3 from --recipes.")
         args.options.update(eval_every=args.eval_every, eval_episodes=args.eval_episodes)
         for task in args.tasks.split(","):
             for recipe in (r for r in args.recipes.split(",") if r != "sb3"):

@@ -41,6 +41,8 @@ def test_final_return_is_the_mean_of_the_last_fifth_of_the_evaluations():
     (["--recipes", "ff,streams"], "--recipes must start with streams"),
     (["--speed-only", "--no-speed"], "leave nothing to run"),
     (["--options", "replay=slice"], "--options"),  # set by the benchmark
+    (["--options", "eval_every=500"], "eval_every"),  # --eval-every's: sb3 reads it too
+    (["--recipes", "streams,sb3", "--options", "max_episode_steps=100"], "drop max_episode_steps"),
     (["--tasks", "pendulum_x"], "--tasks"),
 ])
 def test_options_are_checked_before_anything_runs(args, says):
@@ -70,13 +72,25 @@ def test_tiny_grid_writes_its_tables_and_ratios(tmp_path):
     assert bench_sac.settings(args) == bench_sac.settings(mock.Mock(frames=512, options={}))
 
 
-def test_sb3_arm_evaluates_like_the_recipes_when_the_bench_extra_is_installed():
+def test_sb3_arm_evaluates_each_update_with_the_training_statistics_when_the_bench_extra_is_installed():
     pytest.importorskip("sb3_contrib")
-    args = mock.Mock(frames=4096, eval_every=1024, eval_episodes=2, options={})  # one rollout of 4 envs x 1024 steps
-    evals, summary = bench_sac.run_sb3("pendulum_p", 1, args)
-    assert [e["frames"] for e in evals] == [1024, 2048, 3072, 4096]
-    assert all(-16.3 * 200 <= e["return_mean"] <= 0 for e in evals)
-    assert summary["final_return"] == evals[-1]["return_mean"]  # the last fifth of 4 points: 1
+    from stable_baselines3.common import evaluation
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    def fake_evaluation(model, env, n_eval_episodes, deterministic):  # what each evaluation sees
+        train = model.get_env()
+        assert isinstance(train, VecNormalize) and train.training and train.norm_reward  # rl-zoo's normalize: True
+        assert not env.training and not env.norm_reward  # the raw rewards, the statistics frozen...
+        np.testing.assert_array_equal(env.obs_rms.mean, train.obs_rms.mean)  # ...and synced from training
+        assert n_eval_episodes == 2 and deterministic
+        return float(model._n_updates), 0.0  # PPO's count of epochs trained so far
+
+    args = mock.Mock(frames=8192, eval_every=1024, eval_episodes=2, options={})  # two rollouts of 4 envs x 1024 steps
+    with mock.patch.object(evaluation, "evaluate_policy", fake_evaluation):
+        evals, summary = bench_sac.run_sb3("pendulum_p", 1, args)
+    assert [e["frames"] for e in evals] == [1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192]
+    assert [e["return_mean"] for e in evals] == [0, 0, 0, 10, 10, 10, 10, 20]  # 10 epochs per rollout's update
+    assert summary["final_return"] == 15  # the last fifth of 8 points, rounded up: 10 and 20
 
 
 @pytest.mark.parametrize("task, kept", [("pendulum_p", [0, 1]), ("pendulum_v", [2])])

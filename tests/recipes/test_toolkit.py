@@ -205,6 +205,21 @@ def test_a_run_folder_another_live_run_writes_is_refused_and_a_dead_runs_claim_t
     assert not (run / ".running").exists() and (run / "metrics.csv").exists()
 
 
+def test_a_run_holds_its_claim_until_its_files_are_written_and_releases_it_if_drawing_fails(tmp_path, monkeypatch):
+    from torchrl_seqchunk.recipes.common import report as report_module
+
+    def draw(rows, path, **kwargs):  # the claim is still held while the curve is drawn
+        assert (path.parent / ".running").read_text() == str(os.getpid())
+        raise RuntimeError("no display")
+
+    monkeypatch.setattr(report_module, "plot_curve", draw)
+    run = Report(tmp_path / "run", planned_frames=1, progress=False)
+    run.add(1, [], {})
+    with pytest.raises(RuntimeError, match="no display"):
+        run.close()
+    assert not (tmp_path / "run" / ".running").exists() and (tmp_path / "run" / "metrics.csv").exists()
+
+
 @pytest.mark.parametrize("batching, floor, loss_standardizes", [
     ("windows", 0.2, False),  # the default: add_advantages standardizes each rollout by max(std, 0.2)
     ("windows", 0.0, True),   # no floor: the loss standardizes each batch, as ClipPPOLoss does

@@ -384,7 +384,7 @@ def train(cfg: Config) -> Run:
                 eval_env = make_env(cfg, nets["rnns"][:1], cfg.eval_episodes, cfg.seed + 10**6,
                                     envs.obs_norm_of(env) if cfg.obs_norm else None)
             returns = evaluate(eval_env, nets["act"], cfg.episode_steps)
-            last.update(eval_return=sum(returns) / max(len(returns), 1), eval_frames=frames)
+            last.update(eval_return=sum(returns) / len(returns) if returns else float("nan"), eval_frames=frames)
             eval_s += time.perf_counter() - start
         log.add(batch.numel(), report.finished_returns(batch),
                 {**last, "grad_steps": grad_steps, "learn_s": round(learn_s, 3), "eval_s": round(eval_s, 3),

@@ -247,11 +247,16 @@ class Report:
         return row
 
     def close(self, title: str = "") -> Run:
-        """Closes the bar and the CSV, draws the curve, prints the summary line and releases
-        the folder's claim. Returns the Run: its rows and the files written so far (none
-        without a row)."""
+        """Closes the bar and the CSV, draws the curve, prints the summary line and, last (even
+        where one of those raises), releases the folder's claim. Returns the Run: its rows and the
+        files written so far (none without a row)."""
         self.bar.close()
-        release(self.out_dir)
+        try:
+            return self._finish(title)
+        finally:
+            release(self.out_dir)
+
+    def _finish(self, title: str) -> Run:
         if self.file is None:
             return Run(self.out_dir, [], ())
         self.file.close()
