@@ -403,7 +403,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         plain = self._plain_path()
         with self._per_slot_terms() as reduction:
             if plain is not None:
-                out = clip_terms(self, tensordict, *plain)
+                out = clip_terms(self, tensordict, *plain)  # per element: reduced as ClipPPOLoss reduces them
+                out.update({name: self._reduce_loss(value, tensordict).squeeze(-1)
+                            for name, value in out.items() if name.startswith("loss_")})
             else:
                 with set_recurrent_mode(True):
                     out = dict(super().forward(tensordict).items())

@@ -72,8 +72,6 @@ def clip_terms(loss, tensordict: TensorDictBase, in_keys, actor_steps, dist_modu
             out["ESS"] = (2 * weight.logsumexp(0) - (2 * weight).logsumexp(0)).exp() / log_weight.shape[0]
             ratio = log_weight.exp()
             out["max_ratio"], out["mean_ratio"] = ratio.max(), ratio.mean()
-    for name in [key for key in out if key.startswith("loss_")]:
-        out[name] = loss._reduce_loss(out[name], tensordict).squeeze(-1)
     return out
 
 
